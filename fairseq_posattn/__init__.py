@@ -1,0 +1,13 @@
+"""fairseq-posattn: position-aware self-attention for fairseq (``--user-dir fairseq_posattn``).
+
+Importing the package applies the compatibility shims (:mod:`fairseq_posattn.compat`) and registers
+the architectures and tasks with fairseq.
+"""
+
+from fairseq_posattn import compat
+
+compat.apply_all()
+
+from fairseq_posattn import models  # noqa: E402,F401  (registers architectures)
+
+__version__ = "0.1.0"

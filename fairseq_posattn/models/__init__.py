@@ -1,0 +1,1 @@
+from fairseq_posattn.models import transformer_posattn  # noqa: F401

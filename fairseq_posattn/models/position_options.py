@@ -1,0 +1,199 @@
+"""Command-line options of the position terms (SPEC.md section 9), their validation, and the
+factory that turns one side's options into the position terms of each of its layers."""
+
+import logging
+from dataclasses import dataclass
+from typing import Any, List
+
+from fairseq_posattn.modules.attention import PositionTerms
+from fairseq_posattn.modules.position_terms.convolution import (
+    ConvolvedAttention1d,
+    ConvolvedAttention2d,
+)
+from fairseq_posattn.modules.position_terms.direct import (
+    DirectAbsolutePositionBias,
+    DirectRelativePositionBias,
+)
+from fairseq_posattn.modules.position_terms.distance_aware import DistanceAwareScaling
+from fairseq_posattn.modules.position_terms.relative_embeddings import RelativePositionEmbeddings
+from fairseq_posattn.modules.position_terms.temperature import LearnableTemperature
+
+logger = logging.getLogger(__name__)
+
+DIRECT_POSITION_CHOICES = ["none", "absolute", "relative", "both"]
+DIRECT_POSITION_LAYER_CHOICES = ["first", "all"]
+CONV_ATTENTION_CHOICES = ["none", "1d", "2d"]
+
+#: name -> default, for every per-side option (``--encoder-<name>`` / ``--decoder-<name>``)
+SIDE_OPTION_DEFAULTS = {
+    "direct_position": "none",
+    "direct_position_layers": "first",
+    "learnable_temperature": False,
+    "conv_attention": "none",
+    "conv_attention_kernel": 3,
+    "distance_aware": False,
+    "relative_positions": 0,
+}
+
+
+class PositionOptionError(ValueError):
+    """An impossible option value or combination, reported at start-up."""
+
+
+def add_position_args(parser: Any, side: str) -> None:
+    """Add the ``--{side}-*`` options of SPEC.md section 9 to a fairseq model parser.
+
+    No argparse defaults: architectures fill them (:func:`set_position_defaults`), so presets can
+    override them as fairseq's own architectures do.
+    """
+    what = "encoder self-attention" if side == "encoder" else "decoder (causal) self-attention"
+    max_opt = "--max-source-positions" if side == "encoder" else "--max-target-positions"
+    parser.add_argument(
+        f"--{side}-direct-position", choices=DIRECT_POSITION_CHOICES, metavar="KIND",
+        help=f"direct position interactions in the {what} (Dufter et al. 2020, 2.3): a learnable "
+        f"t x t matrix per head (absolute, SAN+P), a vector over i - j per head (relative, SAN+R) or "
+        f"both (SAN+P+R), added to the logits; t = {max_opt}. "
+        f"Choices: {', '.join(DIRECT_POSITION_CHOICES)} (default: none)",
+    )
+    parser.add_argument(
+        f"--{side}-direct-position-layers", choices=DIRECT_POSITION_LAYER_CHOICES, metavar="LAYERS",
+        help="layers that get direct position interactions: first (as the paper) or all, each with "
+        "its own parameters (default: first)",
+    )
+    parser.add_argument(
+        f"--{side}-learnable-temperature", action="store_true", default=None,
+        help=f"learnable per-head temperature gamma_q, gamma_k, gamma_v in every layer of the {what} "
+        "(Dufter et al. 2020, 2.4, +Temp)",
+    )
+    parser.add_argument(
+        f"--{side}-conv-attention", choices=CONV_ATTENTION_CHOICES, metavar="KIND",
+        help=f"convolve the post-softmax attention matrix in every layer of the {what} "
+        f"(Dufter et al. 2020, 2.5): 1d (+Conv, t key channels, t = {max_opt}) or 2d (+Conv2d, "
+        "one k x k filter per head). Choices: none, 1d, 2d (default: none)",
+    )
+    parser.add_argument(
+        f"--{side}-conv-attention-kernel", type=int, metavar="K",
+        help="odd width k of the attention convolution (default: 3)",
+    )
+    parser.add_argument(
+        f"--{side}-distance-aware", action="store_true", default=None,
+        help=f"distance-aware attention in every layer of the {what} (Wu et al. 2021, "
+        "DA-Transformer): ReLU(QK^T) re-scaled by a learned function of |i - j| per head",
+    )
+    parser.add_argument(
+        f"--{side}-relative-positions", type=int, metavar="K",
+        help=f"Shaw et al. (2018) relative position representations with clip distance K in every "
+        f"layer of the {what} (Transformer-RPR); 0 = off (default: 0)",
+    )
+
+
+def set_position_defaults(args: Any, sides: List[str]) -> None:
+    """Fill every unset position option of ``sides`` with its default (architecture functions)."""
+    for side in sides:
+        for name, default in SIDE_OPTION_DEFAULTS.items():
+            key = f"{side}_{name}"
+            if getattr(args, key, None) is None:
+                setattr(args, key, default)
+
+
+@dataclass
+class SidePositionOptions:
+    """The position options of one side (``encoder`` or ``decoder``) and what they build."""
+
+    side: str
+    causal: bool
+    max_positions: int
+    max_positions_option: str
+    direct_position: str = "none"
+    direct_position_layers: str = "first"
+    learnable_temperature: bool = False
+    conv_attention: str = "none"
+    conv_attention_kernel: int = 3
+    distance_aware: bool = False
+    relative_positions: int = 0
+
+    @classmethod
+    def from_config(cls, cfg: Any, side: str, causal: bool, max_positions: int,
+                    max_positions_option: str) -> "SidePositionOptions":
+        values = {
+            name: getattr(cfg, f"{side}_{name}", None) for name in SIDE_OPTION_DEFAULTS
+        }
+        values = {
+            name: SIDE_OPTION_DEFAULTS[name] if value is None else value
+            for name, value in values.items()
+        }
+        options = cls(side=side, causal=causal, max_positions=max_positions,
+                      max_positions_option=max_positions_option, **values)
+        options.validate()
+        return options
+
+    def flag(self, name: str) -> str:
+        return f"--{self.side}-{name.replace('_', '-')}"
+
+    def validate(self) -> None:
+        """Fail at start-up, naming the option to change, for impossible values or combinations."""
+        if self.direct_position not in DIRECT_POSITION_CHOICES:
+            raise PositionOptionError(
+                f"{self.flag('direct_position')} must be one of {DIRECT_POSITION_CHOICES}, got {self.direct_position!r}")
+        if self.direct_position_layers not in DIRECT_POSITION_LAYER_CHOICES:
+            raise PositionOptionError(
+                f"{self.flag('direct_position_layers')} must be one of {DIRECT_POSITION_LAYER_CHOICES}, "
+                f"got {self.direct_position_layers!r}")
+        if self.direct_position == "none" and self.direct_position_layers != "first":
+            raise PositionOptionError(
+                f"{self.flag('direct_position_layers')} {self.direct_position_layers} has no effect without "
+                f"{self.flag('direct_position')}; add {self.flag('direct_position')} absolute|relative|both "
+                f"or drop {self.flag('direct_position_layers')}")
+        if self.conv_attention not in CONV_ATTENTION_CHOICES:
+            raise PositionOptionError(
+                f"{self.flag('conv_attention')} must be one of {CONV_ATTENTION_CHOICES}, got {self.conv_attention!r}")
+        k = self.conv_attention_kernel
+        if k < 1 or k % 2 == 0:
+            raise PositionOptionError(
+                f"{self.flag('conv_attention_kernel')} must be an odd positive width (3, 5, ...), got {k}")
+        if self.conv_attention == "none" and k != SIDE_OPTION_DEFAULTS["conv_attention_kernel"]:
+            raise PositionOptionError(
+                f"{self.flag('conv_attention_kernel')} {k} has no effect without "
+                f"{self.flag('conv_attention')} 1d|2d; add it or drop the kernel option")
+        if self.relative_positions < 0:
+            raise PositionOptionError(
+                f"{self.flag('relative_positions')} is a clip distance k >= 1 (0 = off), got {self.relative_positions}")
+        needs_t = self.direct_position != "none" or self.conv_attention == "1d"
+        if needs_t and self.max_positions < 1:
+            raise PositionOptionError(f"{self.max_positions_option} must be positive, got {self.max_positions}")
+        if self.conv_attention == "1d" and self.max_positions > 256:
+            logger.warning(
+                "%s 1d builds a t x t x k filter bank per head with t = %s = %d; consider a smaller %s",
+                self.flag("conv_attention"), self.max_positions_option, self.max_positions,
+                self.max_positions_option)
+
+    def is_active(self) -> bool:
+        """True when some layer of the side gets a position term (else it is fairseq's own)."""
+        return (
+            self.direct_position != "none" or self.learnable_temperature or self.distance_aware
+            or self.conv_attention != "none" or self.relative_positions > 0
+        )
+
+    def build_terms(self, layer_index: int, num_heads: int, head_dim: int) -> PositionTerms:
+        """The position terms of layer ``layer_index`` (0-based) of this side."""
+        terms = PositionTerms()
+        t, option = self.max_positions, self.max_positions_option
+        direct_here = self.direct_position != "none" and (
+            self.direct_position_layers == "all" or layer_index == 0
+        )
+        if direct_here and self.direct_position in ("absolute", "both"):
+            terms.additive.append(DirectAbsolutePositionBias(num_heads, t, option))
+        if direct_here and self.direct_position in ("relative", "both"):
+            terms.additive.append(DirectRelativePositionBias(num_heads, t, option))
+        if self.learnable_temperature:
+            terms.temperature = LearnableTemperature(num_heads, head_dim)
+        if self.distance_aware:
+            terms.scaling = DistanceAwareScaling(num_heads)
+        if self.relative_positions > 0:
+            terms.key_value.append(RelativePositionEmbeddings(head_dim, self.relative_positions))
+        k = self.conv_attention_kernel
+        if self.conv_attention == "2d":
+            terms.post_softmax = ConvolvedAttention2d(num_heads, k, self.causal)
+        elif self.conv_attention == "1d":
+            terms.post_softmax = ConvolvedAttention1d(num_heads, k, self.causal, t, option)
+        return terms

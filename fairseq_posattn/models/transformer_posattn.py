@@ -1,0 +1,93 @@
+"""``transformer_posattn``: fairseq's transformer with position-aware self-attention.
+
+Registered next to fairseq's ``transformer`` with the same size presets. With every position
+option at its default it computes exactly what fairseq's ``transformer`` computes.
+"""
+
+from typing import Any
+
+from fairseq.models import register_model, register_model_architecture
+from fairseq.models.transformer import TransformerConfig, TransformerModel
+from fairseq.models.transformer.transformer_legacy import (
+    base_architecture,
+    transformer_iwslt_de_en,
+    transformer_vaswani_wmt_en_de_big,
+    transformer_wmt_en_de,
+)
+
+from fairseq_posattn.models.position_aware_transformer import (
+    PositionAwareTransformerDecoder,
+    PositionAwareTransformerEncoder,
+)
+from fairseq_posattn.models.position_options import (
+    SidePositionOptions,
+    add_position_args,
+    set_position_defaults,
+)
+
+
+def encoder_position_options(cfg: Any) -> SidePositionOptions:
+    return SidePositionOptions.from_config(
+        cfg, "encoder", causal=False, max_positions=cfg.max_source_positions,
+        max_positions_option="--max-source-positions",
+    )
+
+
+def decoder_position_options(cfg: Any, max_positions_option: str = "--max-target-positions") -> SidePositionOptions:
+    return SidePositionOptions.from_config(
+        cfg, "decoder", causal=True, max_positions=cfg.max_target_positions,
+        max_positions_option=max_positions_option,
+    )
+
+
+@register_model("transformer_posattn")
+class PositionAwareTransformerModel(TransformerModel):
+    """Transformer whose encoder and decoder self-attention take the position options of SPEC.md."""
+
+    @classmethod
+    def add_args(cls, parser):
+        super().add_args(parser)
+        add_position_args(parser, "encoder")
+        add_position_args(parser, "decoder")
+
+    @classmethod
+    def build_model(cls, args, task):
+        posattn_base_architecture(args)
+        return super().build_model(args, task)
+
+    @classmethod
+    def build_encoder(cls, args, src_dict, embed_tokens):
+        cfg = TransformerConfig.from_namespace(args)
+        return PositionAwareTransformerEncoder(cfg, src_dict, embed_tokens, encoder_position_options(cfg))
+
+    @classmethod
+    def build_decoder(cls, args, tgt_dict, embed_tokens):
+        cfg = TransformerConfig.from_namespace(args)
+        return PositionAwareTransformerDecoder(
+            cfg, tgt_dict, embed_tokens, decoder_position_options(cfg),
+            no_encoder_attn=cfg.no_cross_attention,
+        )
+
+
+@register_model_architecture("transformer_posattn", "transformer_posattn")
+def posattn_base_architecture(args):
+    set_position_defaults(args, ["encoder", "decoder"])
+    base_architecture(args)
+
+
+@register_model_architecture("transformer_posattn", "transformer_posattn_iwslt_de_en")
+def posattn_iwslt_de_en(args):
+    set_position_defaults(args, ["encoder", "decoder"])
+    transformer_iwslt_de_en(args)
+
+
+@register_model_architecture("transformer_posattn", "transformer_posattn_wmt_en_de")
+def posattn_wmt_en_de(args):
+    set_position_defaults(args, ["encoder", "decoder"])
+    transformer_wmt_en_de(args)
+
+
+@register_model_architecture("transformer_posattn", "transformer_posattn_vaswani_wmt_en_de_big")
+def posattn_vaswani_wmt_en_de_big(args):
+    set_position_defaults(args, ["encoder", "decoder"])
+    transformer_vaswani_wmt_en_de_big(args)

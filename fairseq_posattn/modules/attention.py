@@ -1,0 +1,228 @@
+"""The attention kernel: fairseq's multi-head self-attention with pluggable position terms.
+
+Order of operations for one head (SPEC.md sections 1-5):
+
+1. ``q, k, v`` projections (weights scaled per head by the learnable temperature, if on);
+   ``q`` scaled by 1/sqrt(d_h);
+2. content logits ``q k^T`` plus the key/value augmentations' key term (Shaw, structural);
+3. logit scaling (distance-aware: ``ReLU(.) * Rhat``);
+4. additive biases (direct absolute / relative);
+5. masks: ``attn_mask`` (causal) and key padding, as -inf *after* the steps above;
+6. softmax; post-softmax transform (convolution), which re-masks;
+7. dropout; ``probs v`` plus the augmentations' value term; output projection.
+
+When only additive biases and temperature are on and no weights are asked for, steps 2-7 run in
+``F.scaled_dot_product_attention`` with the biases and masks folded into one float mask.
+
+The module subclasses fairseq's :class:`~fairseq.modules.MultiheadAttention`, so its projection
+parameters have fairseq's names, and reuses fairseq's incremental-state buffer and reordering.
+"""
+
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Dict, Iterable, Iterator, List, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from fairseq.modules import MultiheadAttention
+from torch import Tensor, nn
+
+from fairseq_posattn.modules.position_context import PositionContext
+from fairseq_posattn.modules.position_terms.base import (
+    AdditiveLogitBias,
+    KeyValueAugmentation,
+    LogitScaling,
+    PostSoftmaxTransform,
+)
+from fairseq_posattn.modules.position_terms.temperature import LearnableTemperature
+
+
+@dataclass
+class PositionTerms:
+    """The position terms of one attention module, grouped by kind."""
+
+    additive: List[AdditiveLogitBias] = field(default_factory=list)
+    scaling: Optional[LogitScaling] = None
+    key_value: List[KeyValueAugmentation] = field(default_factory=list)
+    post_softmax: Optional[PostSoftmaxTransform] = None
+    temperature: Optional[LearnableTemperature] = None
+
+    def is_empty(self) -> bool:
+        return not (
+            self.additive or self.key_value or self.scaling is not None
+            or self.post_softmax is not None or self.temperature is not None
+        )
+
+
+class PositionAwareMultiheadAttention(MultiheadAttention):
+    """Self-attention with position terms; see the module docstring for the computation."""
+
+    def __init__(
+        self,
+        embed_dim: int,
+        num_heads: int,
+        terms: PositionTerms,
+        dropout: float = 0.0,
+        q_noise: float = 0.0,
+        qn_block_size: int = 8,
+    ):
+        super().__init__(
+            embed_dim, num_heads, dropout=dropout, self_attention=True,
+            q_noise=q_noise, qn_block_size=qn_block_size,
+        )
+        self.additive_terms = nn.ModuleList(terms.additive)
+        self.scaling_term = terms.scaling
+        self.key_value_terms = nn.ModuleList(terms.key_value)
+        self.post_softmax_term = terms.post_softmax
+        self.temperature = terms.temperature
+        self.position_context: Optional[PositionContext] = None
+
+    # ----------------------------------------------------------------- projections
+    def _project(self, x: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
+        """``(tgt_len, batch, E)`` -> q (scaled), k, v of shape ``(batch, heads, tgt_len, d_h)``."""
+        q_w, k_w, v_w = self.q_proj.weight, self.k_proj.weight, self.v_proj.weight
+        if self.temperature is not None:
+            q_w, k_w, v_w = self.temperature.scale_weights(q_w, k_w, v_w)
+        tgt_len, bsz, _ = x.shape
+
+        def split(t: Tensor) -> Tensor:
+            return t.view(tgt_len, bsz, self.num_heads, self.head_dim).permute(1, 2, 0, 3)
+
+        q = F.linear(x, q_w, self.q_proj.bias) * self.scaling
+        return split(q), split(F.linear(x, k_w, self.k_proj.bias)), split(F.linear(x, v_w, self.v_proj.bias))
+
+    def _uses_probabilities(self, need_weights: bool) -> bool:
+        return (
+            need_weights or self.scaling_term is not None or len(self.key_value_terms) > 0
+            or self.post_softmax_term is not None
+        )
+
+    # ----------------------------------------------------------------- forward
+    def forward(
+        self,
+        query: Tensor,
+        key: Optional[Tensor],
+        value: Optional[Tensor],
+        key_padding_mask: Optional[Tensor] = None,
+        incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]] = None,
+        need_weights: bool = True,
+        static_kv: bool = False,
+        attn_mask: Optional[Tensor] = None,
+        before_softmax: bool = False,
+        need_head_weights: bool = False,
+    ) -> Tuple[Tensor, Optional[Tensor]]:
+        if static_kv or before_softmax:
+            raise ValueError("position-aware attention is self-attention only (no static_kv/before_softmax)")
+        need_weights = need_weights or need_head_weights
+        tgt_len, bsz, _ = query.shape
+        q, k, v = self._project(query)
+
+        saved_state = self._get_input_buffer(incremental_state) if incremental_state is not None else None
+        history: Optional[Tensor] = None
+        if saved_state is not None and "prev_key" in saved_state:
+            k = torch.cat([saved_state["prev_key"], k], dim=2)
+            v = torch.cat([saved_state["prev_value"], v], dim=2)
+            key_padding_mask = MultiheadAttention._append_prev_key_padding_mask(
+                key_padding_mask, saved_state.get("prev_key_padding_mask"), bsz, k.size(2), False
+            )
+            history = saved_state.get("prev_attn_rows")
+        src_len = k.size(2)
+        if key_padding_mask is not None:
+            key_padding_mask = key_padding_mask.to(torch.bool)
+
+        ctx = self.position_context
+        if ctx is None:
+            ctx = PositionContext(key_padding_mask, src_len, query.device)
+
+        if self._uses_probabilities(need_weights):
+            out, probs, rows = self._attend_explicitly(
+                q, k, v, ctx, key_padding_mask, attn_mask, history
+            )
+        else:
+            out, probs, rows = self._attend_fused(q, k, v, ctx, key_padding_mask, attn_mask), None, None
+
+        if saved_state is not None:
+            saved_state["prev_key"] = k
+            saved_state["prev_value"] = v
+            saved_state["prev_key_padding_mask"] = key_padding_mask
+            if rows is not None:
+                saved_state["prev_attn_rows"] = rows
+            self._set_input_buffer(incremental_state, saved_state)
+
+        out = out.permute(2, 0, 1, 3).reshape(tgt_len, bsz, self.embed_dim)
+        out = self.out_proj(out)
+        weights: Optional[Tensor] = None
+        if need_weights and probs is not None:
+            weights = probs.transpose(0, 1)  # heads x batch x tgt x src, as fairseq returns
+            if not need_head_weights:
+                weights = weights.mean(dim=0)
+        return out, weights
+
+    def _attend_fused(
+        self, q: Tensor, k: Tensor, v: Tensor, ctx: PositionContext,
+        key_padding_mask: Optional[Tensor], attn_mask: Optional[Tensor],
+    ) -> Tensor:
+        tgt_len, src_len = q.size(2), k.size(2)
+        mask: Optional[Tensor] = None
+        for term in self.additive_terms:
+            bias = term(ctx, tgt_len, src_len).to(q.dtype)
+            mask = bias if mask is None else mask + bias
+        if attn_mask is not None:
+            mask = attn_mask.to(q.dtype) if mask is None else mask + attn_mask.to(q.dtype)
+        if key_padding_mask is not None:
+            padding = torch.zeros(key_padding_mask.shape, dtype=q.dtype, device=q.device)
+            padding = padding.masked_fill(key_padding_mask, float("-inf"))[:, None, None, :]
+            mask = padding if mask is None else mask + padding
+        dropout_p = self.dropout_module.p if self.training else 0.0
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=1.0)
+
+    def _attend_explicitly(
+        self, q: Tensor, k: Tensor, v: Tensor, ctx: PositionContext,
+        key_padding_mask: Optional[Tensor], attn_mask: Optional[Tensor], history: Optional[Tensor],
+    ) -> Tuple[Tensor, Tensor, Optional[Tensor]]:
+        tgt_len, src_len = q.size(2), k.size(2)
+        logits = torch.matmul(q, k.transpose(-1, -2))
+        for term in self.key_value_terms:
+            logits = logits + term.key_logits(q, ctx, tgt_len, src_len)
+        if self.scaling_term is not None:
+            logits = self.scaling_term(logits, ctx)
+        for term in self.additive_terms:
+            logits = logits + term(ctx, tgt_len, src_len).to(logits.dtype)
+        if attn_mask is not None:
+            logits = logits + attn_mask.to(logits.dtype)
+        if key_padding_mask is not None:
+            logits = logits.masked_fill(key_padding_mask[:, None, None, :], float("-inf"))
+        probs = torch.softmax(logits.float(), dim=-1).type_as(logits)
+
+        rows: Optional[Tensor] = None
+        if self.post_softmax_term is not None:
+            blocked = torch.isneginf(logits)
+            query_padding = ctx.query_padding_mask(tgt_len)
+            if query_padding is not None:
+                blocked = blocked | query_padding[:, None, :, None]
+            probs, rows = self.post_softmax_term(probs, blocked, ctx, history)
+
+        dropped = self.dropout_module(probs)
+        out = torch.matmul(dropped, v)
+        for term in self.key_value_terms:
+            out = out + term.value_output(dropped, ctx)
+        return out, probs, rows
+
+
+def position_aware_attentions(module: nn.Module) -> List[PositionAwareMultiheadAttention]:
+    return [m for m in module.modules() if isinstance(m, PositionAwareMultiheadAttention)]
+
+
+@contextmanager
+def bound_position_context(
+    attentions: Iterable[PositionAwareMultiheadAttention], ctx: PositionContext
+) -> Iterator[None]:
+    """Bind one batch's :class:`PositionContext` to a side's attention modules for one forward."""
+    attentions = list(attentions)
+    for attention in attentions:
+        attention.position_context = ctx
+    try:
+        yield
+    finally:
+        for attention in attentions:
+            attention.position_context = None

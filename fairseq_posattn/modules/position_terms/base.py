@@ -1,0 +1,83 @@
+"""The four kinds of position term, in the spirit of x-transformers' position modules.
+
+The attention kernel (:mod:`fairseq_posattn.modules.attention`) owns projections, masking, softmax
+and dropout; a position term only says how it changes one step of that computation:
+
+- :class:`AdditiveLogitBias`: a bias added to the scaled logits before the softmax;
+- :class:`LogitScaling`: an elementwise rescaling of the content logits;
+- :class:`KeyValueAugmentation`: extra key and value vectors per (query, key) pair;
+- :class:`PostSoftmaxTransform`: a transform of the post-softmax attention matrix.
+
+Terms read token geometry from a :class:`~fairseq_posattn.modules.position_context.PositionContext`,
+which is built once per batch and shared by every layer.
+"""
+
+from typing import Optional, Tuple
+
+from torch import Tensor, nn
+
+from fairseq_posattn.modules.position_context import PositionContext
+
+
+class SequenceTooLongError(ValueError):
+    """A sequence is longer than the positions a term was built for."""
+
+
+def check_length(length: int, max_positions: int, term: str, option: str) -> None:
+    """Raise a clear error instead of an index crash when ``length > max_positions``."""
+    if length > max_positions:
+        raise SequenceTooLongError(
+            f"a sequence of {length} tokens is longer than the {max_positions} positions that "
+            f"{term} was built for; retrain with a larger {option} (at least {length}) or drop "
+            f"longer inputs (fairseq's --skip-invalid-size-inputs-valid-test)"
+        )
+
+
+class AdditiveLogitBias(nn.Module):
+    """Kind 1: ``logits + bias``, after the 1/sqrt(d_h) scaling and before masks and softmax."""
+
+    def forward(self, ctx: PositionContext, tgt_len: int, src_len: int) -> Tensor:
+        """Return a bias broadcastable to ``(batch, heads, tgt_len, src_len)``."""
+        raise NotImplementedError
+
+
+class LogitScaling(nn.Module):
+    """Kind 2: an elementwise transform of the content logits, before biases and masks."""
+
+    def forward(self, logits: Tensor, ctx: PositionContext) -> Tensor:
+        raise NotImplementedError
+
+
+class KeyValueAugmentation(nn.Module):
+    """Kind 3: ``e_ij = q_i . (k_j + a^K_ij)`` and ``z_i = sum_j alpha_ij (v_j + a^V_ij)``."""
+
+    def key_logits(self, q: Tensor, ctx: PositionContext, tgt_len: int, src_len: int) -> Tensor:
+        """``q . a^K_ij`` for scaled queries ``q`` of shape ``(batch, heads, tgt_len, head_dim)``."""
+        raise NotImplementedError
+
+    def value_output(self, probs: Tensor, ctx: PositionContext) -> Tensor:
+        """``sum_j alpha_ij a^V_ij`` for ``probs`` of shape ``(batch, heads, tgt_len, src_len)``."""
+        raise NotImplementedError
+
+
+class PostSoftmaxTransform(nn.Module):
+    """Kind 4: a transform of the post-softmax attention matrix ``S``.
+
+    ``history_rows`` earlier query rows of ``S`` are needed to decode incrementally on a causal side.
+    """
+
+    history_rows: int = 0
+
+    def forward(
+        self,
+        probs: Tensor,
+        blocked: Tensor,
+        ctx: PositionContext,
+        history: Optional[Tensor],
+    ) -> Tuple[Tensor, Optional[Tensor]]:
+        """Return the transformed matrix and the rows to cache for the next decoding step.
+
+        ``blocked`` is True where a query may not see a key (padding, future) or the query row is a
+        pad; the transform must give those entries zero weight.
+        """
+        raise NotImplementedError

@@ -1,0 +1,23 @@
+"""Learnable temperature (Dufter et al. 2020, section 2.4; SPEC.md section 2).
+
+Not a position term but a scaling of the projections: per head three scalars gamma_q, gamma_k,
+gamma_v, initialised to 1, multiply that head's slice (rows) of W_q, W_k, W_v. Biases are not
+scaled (the paper scales the matrices). Applied in every layer of the side.
+"""
+
+from typing import Tuple
+
+import torch
+from torch import Tensor, nn
+
+
+class LearnableTemperature(nn.Module):
+    def __init__(self, num_heads: int, head_dim: int):
+        super().__init__()
+        self.head_dim = head_dim
+        self.gamma = nn.Parameter(torch.ones(3, num_heads))  # rows: q, k, v
+
+    def scale_weights(self, q_weight: Tensor, k_weight: Tensor, v_weight: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
+        """Return W_q, W_k, W_v with each head's output rows multiplied by its gamma."""
+        row_scale = self.gamma.repeat_interleave(self.head_dim, dim=1).unsqueeze(-1)  # 3 x E x 1
+        return q_weight * row_scale[0], k_weight * row_scale[1], v_weight * row_scale[2]

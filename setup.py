@@ -1,0 +1,15 @@
+from setuptools import find_packages, setup
+
+setup(
+    name="fairseq-posattn",
+    version="0.1.0",
+    description="Position-aware self-attention for fairseq: direct positions, temperature, "
+    "convolved and distance-aware attention, relative and structural positions",
+    packages=find_packages(include=["fairseq_posattn", "fairseq_posattn.*"]),
+    python_requires=">=3.8",
+    # fairseq itself is installed by the Makefile (fairseq-fixed on Python 3.11, or the official
+    # fairseq==0.12.2 on older Pythons): both import as `fairseq`, so it is not pinned here.
+    install_requires=["numpy", "torch", "sacrebleu", "sacremoses", "subword-nmt", "conllu", "tqdm",
+                      "matplotlib"],
+    entry_points={"console_scripts": []},
+)
