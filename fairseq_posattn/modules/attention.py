@@ -192,7 +192,8 @@ class PositionAwareMultiheadAttention(MultiheadAttention):
             logits = logits + attn_mask.to(logits.dtype)
         if key_padding_mask is not None:
             logits = logits.masked_fill(key_padding_mask[:, None, None, :], float("-inf"))
-        probs = torch.softmax(logits.float(), dim=-1).type_as(logits)
+        upcast = logits.dtype in (torch.float16, torch.bfloat16)  # softmax in fp32, as fairseq
+        probs = torch.softmax(logits.float() if upcast else logits, dim=-1).type_as(logits)
 
         rows: Optional[Tensor] = None
         if self.post_softmax_term is not None:

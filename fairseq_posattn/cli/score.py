@@ -1,0 +1,55 @@
+"""``posattn-score``: sacreBLEU of a ``fairseq-generate --remove-bpe`` output.
+
+Takes the ``H-<id>`` lines, puts them in id order, Moses-detokenizes them and scores them against the
+raw (untokenized) reference file with sacrebleu. Prints ``BLEU = ...`` and sacrebleu's signature.
+Fails if the hypotheses do not cover the references one to one: fairseq-generate drops its last
+batch unless run with ``--required-batch-size-multiple 1``.
+"""
+
+import argparse
+import os
+import sys
+from typing import List, Optional
+
+from fairseq_posattn.cli import setup_logging
+from fairseq_posattn.data.generate_output import score_generate_output
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="posattn-score", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("generate_output", help="stdout of fairseq-generate ... --remove-bpe "
+                        "(or its --results-path generate-SUBSET.txt)")
+    parser.add_argument("--ref", required=True, help="raw reference file, one sentence per line")
+    parser.add_argument("--target-lang", "-t", default=None,
+                        help="language of the hypotheses for the detokenizer "
+                             "(default: the reference file's suffix, e.g. de for test.de)")
+    parser.add_argument("--write-detok", metavar="PATH", default=None,
+                        help="also write the detokenized hypotheses, in id order, to PATH")
+    return parser
+
+
+def target_language(args: argparse.Namespace, parser: argparse.ArgumentParser) -> str:
+    if args.target_lang:
+        return args.target_lang
+    suffix = os.path.splitext(args.ref)[1].lstrip(".")
+    if not suffix.isalpha() or len(suffix) > 3:
+        parser.error(f"cannot tell the language from {args.ref}; pass --target-lang")
+    return suffix
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    setup_logging()
+    lang = target_language(args, parser)
+    try:
+        result = score_generate_output(args.generate_output, args.ref, lang, write_detok=args.write_detok)
+    except (ValueError, FileNotFoundError) as e:
+        sys.exit(f"posattn-score: error: {e}")
+    print(result.text)
+    print(result.signature)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,202 @@
+"""Text pipeline for translation data: Moses tokenization, joint BPE, parallel-corpus checks.
+
+Raw ``{split}.{lang}`` files go through :func:`prepare_translation_corpus` to
+``{split}.tok.{lang}`` (sacremoses), a joint ``bpe.codes`` learned on the tokenized training data of
+both languages (subword-nmt) and ``{split}.bpe.{lang}``, ready for ``fairseq-preprocess``.
+
+Every output file is written atomically (temporary file in the same directory, then ``os.replace``):
+an interrupted run never leaves a half-written file behind under the final name.
+"""
+
+import contextlib
+import io
+import itertools
+import logging
+import os
+import tempfile
+from typing import IO, Iterable, Iterator, List, Optional, Sequence, Tuple
+
+from sacremoses import MosesDetokenizer, MosesTokenizer
+from subword_nmt.apply_bpe import BPE
+from subword_nmt.learn_bpe import learn_bpe as _subword_nmt_learn_bpe
+from tqdm import tqdm
+
+logger = logging.getLogger(__name__)
+
+#: subword-nmt's continuation marker; ``fairseq-generate --remove-bpe`` removes ``"@@ "``.
+BPE_SEPARATOR = "@@"
+DEFAULT_SPLITS: Tuple[str, ...] = ("train", "valid", "test")
+
+
+def _current_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+@contextlib.contextmanager
+def atomic_write(path: str) -> Iterator[IO[str]]:
+    """Open a UTF-8 text file that only appears under ``path`` once the block exits normally.
+
+    Writes to a temporary file in the same directory (so ``os.replace`` is atomic) and removes it
+    if the block raises.
+    """
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp_path = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
+    try:
+        with io.open(fd, "w", encoding="utf-8", newline="\n") as out:
+            yield out
+        os.chmod(tmp_path, 0o666 & ~_current_umask())  # mkstemp creates 0600 files
+        os.replace(tmp_path, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(tmp_path)
+        raise
+
+
+def read_lines(path: str, max_lines: Optional[int] = None) -> Iterator[str]:
+    """Yield the lines of a UTF-8 file without their line ending, at most ``max_lines`` of them."""
+    with open(path, encoding="utf-8") as f:
+        for line in itertools.islice(f, max_lines):
+            yield line.rstrip("\r\n")
+
+
+def count_lines(path: str) -> int:
+    """Number of lines in a UTF-8 text file (a last line without newline counts)."""
+    return sum(1 for _ in read_lines(path))
+
+
+def write_lines(path: str, lines: Iterable[str]) -> int:
+    """Atomically write ``lines`` (one per line) to ``path``; return how many were written."""
+    n = 0
+    with atomic_write(path) as out:
+        for line in lines:
+            out.write(line + "\n")
+            n += 1
+    return n
+
+
+def moses_tokenize_file(src_path: str, out_path: str, lang: str, escape: bool = False,
+                        max_lines: Optional[int] = None) -> int:
+    """Moses-tokenize ``src_path`` line by line into ``out_path``; return the number of lines.
+
+    ``escape=False`` keeps ``'``, ``&``, ``"`` as they are instead of ``&apos;`` and friends, which
+    is what BPE and fairseq dictionaries should see.
+    """
+    tokenizer = MosesTokenizer(lang=lang)
+    lines = tqdm(read_lines(src_path, max_lines), desc=f"tokenize {os.path.basename(src_path)}",
+                 unit=" lines", disable=None)
+    n = write_lines(out_path, (tokenizer.tokenize(line, return_str=True, escape=escape) for line in lines))
+    logger.info("tokenized %d lines (%s): %s -> %s", n, lang, src_path, out_path)
+    return n
+
+
+def detokenize_lines(lines: Iterable[str], lang: str) -> List[str]:
+    """Moses-detokenize whitespace-tokenized lines (also unescapes ``&apos;`` etc.)."""
+    detokenizer = MosesDetokenizer(lang=lang)
+    return [detokenizer.detokenize(line.split()) for line in lines]
+
+
+class _NamedLines:
+    """Iterable over the lines of several files, with the ``name`` attribute subword-nmt reads."""
+
+    def __init__(self, paths: Sequence[str]):
+        self.paths = list(paths)
+        self.name = "+".join(self.paths)
+
+    def __iter__(self) -> Iterator[str]:
+        for path in self.paths:
+            with open(path, encoding="utf-8") as f:
+                yield from f
+
+
+def learn_bpe(input_paths: Sequence[str], codes_path: str, num_merges: int, min_frequency: int = 2) -> int:
+    """Learn ``num_merges`` joint BPE merges on the concatenation of ``input_paths``.
+
+    Returns the number of merges written to ``codes_path`` (fewer when no pair reaches
+    ``min_frequency``).
+    """
+    with atomic_write(codes_path) as out:
+        _subword_nmt_learn_bpe(_NamedLines(input_paths), out, num_merges, min_frequency=min_frequency)
+    n = count_lines(codes_path) - 1  # first line is "#version: 0.2"
+    logger.info("learned %d BPE merges on %s -> %s", n, ", ".join(input_paths), codes_path)
+    return n
+
+
+def load_bpe(codes_path: str) -> BPE:
+    """A subword-nmt segmenter for ``codes_path`` with the ``@@`` separator."""
+    with open(codes_path, encoding="utf-8") as codes:
+        return BPE(codes, separator=BPE_SEPARATOR)
+
+
+def apply_bpe_file(codes_path: str, in_path: str, out_path: str) -> int:
+    """Segment a tokenized file with the BPE codes; return the number of lines written."""
+    bpe = load_bpe(codes_path)
+    lines = tqdm(read_lines(in_path), desc=f"bpe {os.path.basename(in_path)}", unit=" lines", disable=None)
+    n = write_lines(out_path, (bpe.segment(line) for line in lines))
+    logger.info("applied BPE to %d lines: %s -> %s", n, in_path, out_path)
+    return n
+
+
+def remove_bpe(line: str) -> str:
+    """Undo BPE the way ``fairseq-generate --remove-bpe`` does."""
+    return (line + " ").replace(BPE_SEPARATOR + " ", "").rstrip()
+
+
+def first_empty_line(path: str) -> Optional[int]:
+    """1-based number of the first empty (or whitespace-only) line of ``path``, or None."""
+    for number, line in enumerate(read_lines(path), start=1):
+        if not line.strip():
+            return number
+    return None
+
+
+def check_parallel(src_path: str, tgt_path: str) -> int:
+    """Check that two sides of a parallel corpus align; return their common line count.
+
+    Raises ValueError naming both files and their line counts if the counts differ, or the first
+    empty line as ``file:line`` (fairseq-preprocess would keep an empty sentence and
+    ``LanguagePairDataset`` then trains on a pair that is not a translation).
+    """
+    n_src, n_tgt = count_lines(src_path), count_lines(tgt_path)
+    counts = f"{src_path} has {n_src} lines, {tgt_path} has {n_tgt} lines"
+    if n_src != n_tgt:
+        raise ValueError(f"parallel files differ in length: {counts}. Every line of one must be the "
+                         "translation of the same line of the other: realign them (remove the extra "
+                         "or missing lines in both files together).")
+    for path in (src_path, tgt_path):
+        number = first_empty_line(path)
+        if number is not None:
+            raise ValueError(f"empty line at {path}:{number} ({counts}). Remove line {number} from "
+                             f"both {src_path} and {tgt_path} so that they stay aligned.")
+    return n_src
+
+
+def prepare_translation_corpus(raw_dir: str, out_dir: str, src: str, tgt: str,
+                               splits: Sequence[str] = DEFAULT_SPLITS, bpe_merges: int = 10000,
+                               max_lines: Optional[int] = None) -> str:
+    """Tokenize, learn joint BPE on ``train`` (both languages) and apply it to every split.
+
+    Reads ``{raw_dir}/{split}.{lang}``; writes ``{out_dir}/{split}.tok.{lang}``,
+    ``{out_dir}/bpe.codes`` and ``{out_dir}/{split}.bpe.{lang}``. ``max_lines`` keeps only the first
+    lines of each split (quick experiments). Returns the path of the BPE codes.
+    """
+    if "train" not in splits:
+        raise ValueError(f"splits {list(splits)} lack 'train', on which BPE is learned")
+    os.makedirs(out_dir, exist_ok=True)
+    for split in splits:
+        check_parallel(*(os.path.join(raw_dir, f"{split}.{lang}") for lang in (src, tgt)))
+    for split in splits:
+        for lang in (src, tgt):
+            moses_tokenize_file(os.path.join(raw_dir, f"{split}.{lang}"),
+                                os.path.join(out_dir, f"{split}.tok.{lang}"), lang, max_lines=max_lines)
+        check_parallel(*(os.path.join(out_dir, f"{split}.tok.{lang}") for lang in (src, tgt)))
+    codes_path = os.path.join(out_dir, "bpe.codes")
+    learn_bpe([os.path.join(out_dir, f"train.tok.{lang}") for lang in (src, tgt)], codes_path, bpe_merges)
+    for split in splits:
+        for lang in (src, tgt):
+            apply_bpe_file(codes_path, os.path.join(out_dir, f"{split}.tok.{lang}"),
+                           os.path.join(out_dir, f"{split}.bpe.{lang}"))
+    logger.info("prepared %s-%s splits %s in %s", src, tgt, ", ".join(splits), out_dir)
+    return codes_path

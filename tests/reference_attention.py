@@ -1,0 +1,128 @@
+"""A direct, loop-by-loop re-implementation of SPEC.md sections 1-5 for one sentence at a time.
+
+Deliberately naive (Python loops over heads, queries and keys; no padding tricks): it works on the
+real tokens of one sentence only, so agreeing with it also shows that padding changes nothing.
+"""
+
+import math
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from fairseq_posattn.modules.attention import PositionAwareMultiheadAttention
+
+
+def _f_distance(x: float, v: float) -> float:
+    """DA-Transformer's f(x; v) = (1 + exp(v)) / (1 + exp(v - x)), in the paper's form."""
+    return (1 + math.exp(v)) / (1 + math.exp(v - x))
+
+
+def reference_attention(
+    attn: PositionAwareMultiheadAttention, x: Tensor, causal: bool
+) -> Tuple[Tensor, Tensor]:
+    """Attention of one sentence ``x`` (length L, embed E): returns (output L x E, probs H x L x L).
+
+    ``probs`` is the matrix the heads multiply V with (after the convolution, if any).
+    """
+    L, E = x.shape
+    H, d = attn.num_heads, attn.head_dim
+    gammas = attn.temperature.gamma if attn.temperature is not None else torch.ones(3, H, dtype=x.dtype)
+    heads_out = []
+    probs_all = torch.zeros(H, L, L, dtype=x.dtype)
+    for h in range(H):
+        rows = slice(h * d, (h + 1) * d)
+        q = x @ (attn.q_proj.weight[rows] * gammas[0, h]).t() + attn.q_proj.bias[rows]
+        k = x @ (attn.k_proj.weight[rows] * gammas[1, h]).t() + attn.k_proj.bias[rows]
+        v = x @ (attn.v_proj.weight[rows] * gammas[2, h]).t() + attn.v_proj.bias[rows]
+        logits = torch.full((L, L), float("-inf"), dtype=x.dtype)
+        for i in range(L):
+            for j in range(L):
+                if causal and j > i:
+                    continue
+                key = k[j].clone()
+                for term in attn.key_value_terms:
+                    c = term.clip
+                    key = key + term.key_table[max(-c, min(c, j - i)) + c]
+                e = float(q[i] @ key) / math.sqrt(d)
+                if attn.scaling_term is not None:
+                    w, vv = float(attn.scaling_term.w[h]), float(attn.scaling_term.v[h])
+                    e = max(e, 0.0) * _f_distance(w * abs(i - j), vv)
+                for term in attn.additive_terms:
+                    t = term.max_positions
+                    if term.weight.dim() == 3:  # A^p, absolute
+                        e += float(term.weight[h, i, j])
+                    else:  # a^r, relative
+                        e += float(term.weight[h, i - j + t - 1])
+                logits[i, j] = e
+        probs = torch.softmax(logits, dim=-1)
+        if attn.post_softmax_term is not None:
+            probs = _reference_convolution(attn.post_softmax_term, probs, h, causal)
+        out = torch.zeros(L, d, dtype=x.dtype)
+        for i in range(L):
+            for j in range(L):
+                value = v[j].clone()
+                for term in attn.key_value_terms:
+                    c = term.clip
+                    value = value + term.value_table[max(-c, min(c, j - i)) + c]
+                out[i] += probs[i, j] * value
+        heads_out.append(out)
+        probs_all[h] = probs
+    concat = torch.cat(heads_out, dim=-1)
+    return concat @ attn.out_proj.weight.t() + attn.out_proj.bias, probs_all
+
+
+def _reference_convolution(term, S: Tensor, h: int, causal: bool) -> Tensor:
+    """ReLU(conv(S)) by explicit sums, zero outside the matrix, then masked again."""
+    L = S.size(0)
+    k = term.kernel_size
+    half = k // 2
+    # query-axis offsets: centred window, or the current and k - 1 earlier rows when causal
+    offsets = [a - (k - 1) for a in range(k)] if causal else [a - half for a in range(k)]
+
+    def at(i: int, j: int) -> float:
+        return float(S[i, j]) if 0 <= i < L and 0 <= j < L else 0.0
+
+    out = torch.zeros(L, L, dtype=S.dtype)
+    if term.__class__.__name__ == "ConvolvedAttention2d":
+        w, b = term.conv.weight[h, 0], float(term.conv.bias[h])
+        for i in range(L):
+            for j in range(L):
+                total = b
+                for a, di in enumerate(offsets):
+                    for c in range(k):
+                        total += float(w[a, c]) * at(i + di, j + c - half)
+                out[i, j] = total
+    else:  # 1d: channels are the t key columns, sliding along queries
+        t = term.max_positions
+        weight = term.conv.weight[h * t : (h + 1) * t]  # t_out x t_in x k
+        bias = term.conv.bias[h * t : (h + 1) * t]
+        for i in range(L):
+            for col in range(L):
+                total = float(bias[col])
+                for a, di in enumerate(offsets):
+                    for c_in in range(L):
+                        total += float(weight[col, c_in, a]) * at(i + di, c_in)
+                out[i, col] = total
+    out = torch.relu(out)
+    if causal:
+        out = torch.tril(out)
+    return out
+
+
+def randomize_(module: torch.nn.Module, seed: int = 0) -> None:
+    """Give every parameter random values (many terms start at zero, which would test nothing)."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.copy_(torch.randn(p.shape, generator=generator, dtype=p.dtype) * 0.5)
+        for name, p in module.named_parameters():
+            if name.endswith("gamma"):
+                p.copy_(1 + 0.3 * torch.randn(p.shape, generator=generator, dtype=p.dtype))
+
+
+def sentence_of(x: Tensor, b: int, mask: Optional[Tensor]) -> Tensor:
+    """Real tokens of batch element ``b`` from ``x`` (T x B x E) given a padding mask (B x T)."""
+    if mask is None:
+        return x[:, b]
+    return x[~mask[b], b]

@@ -1,0 +1,145 @@
+"""Each position term against the direct re-implementation in ``reference_attention.py``
+(probabilities and outputs), on padded batches, for a bidirectional and a causal side."""
+
+import math
+
+import pytest
+import torch
+
+from fairseq_posattn.models.position_options import SidePositionOptions
+from fairseq_posattn.modules.attention import PositionAwareMultiheadAttention
+from fairseq_posattn.modules.position_context import PositionContext
+from fairseq_posattn.modules.position_terms.base import SequenceTooLongError
+from fairseq_posattn.modules.position_terms.distance_aware import DistanceAwareScaling
+from fairseq_posattn.modules.position_terms.relative_embeddings import RelativePositionEmbeddings
+from reference_attention import randomize_, reference_attention, sentence_of
+
+E, H, T_MAX = 8, 2, 9
+
+VARIANTS = {
+    "direct-absolute": dict(direct_position="absolute"),
+    "direct-relative": dict(direct_position="relative"),
+    "direct-both": dict(direct_position="both"),
+    "temperature": dict(learnable_temperature=True),
+    "conv-2d": dict(conv_attention="2d"),
+    "conv-2d-k5": dict(conv_attention="2d", conv_attention_kernel=5),
+    "conv-1d": dict(conv_attention="1d"),
+    "distance-aware": dict(distance_aware=True),
+    "shaw": dict(relative_positions=2),
+    "all-at-once": dict(direct_position="both", learnable_temperature=True, conv_attention="2d",
+                        distance_aware=True, relative_positions=3),
+    "all-with-conv-1d": dict(direct_position="both", learnable_temperature=True, conv_attention="1d",
+                             distance_aware=True, relative_positions=3),
+}
+
+
+def build_attention(variant: dict, causal: bool, seed: int = 0) -> PositionAwareMultiheadAttention:
+    options = SidePositionOptions(
+        side="decoder" if causal else "encoder", causal=causal, max_positions=T_MAX,
+        max_positions_option="--max-positions", **variant,
+    )
+    options.validate()
+    attn = PositionAwareMultiheadAttention(E, H, options.build_terms(0, H, E // H)).double()
+    randomize_(attn, seed)
+    return attn.eval()
+
+
+def batch(padding: str, lengths=(7, 4, 5)):
+    """T x B x E inputs and a B x T padding mask (None for equal lengths)."""
+    generator = torch.Generator().manual_seed(1)
+    T = max(lengths)
+    x = torch.randn(T, len(lengths), E, generator=generator, dtype=torch.double)
+    mask = torch.zeros(len(lengths), T, dtype=torch.bool)
+    for b, n in enumerate(lengths):
+        if padding == "left":
+            mask[b, : T - n] = True
+        else:
+            mask[b, n:] = True
+    return x, (mask if mask.any() else None)
+
+
+def causal_mask(T: int) -> torch.Tensor:
+    return torch.triu(torch.full((T, T), float("-inf"), dtype=torch.double), 1)
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+@pytest.mark.parametrize("causal,padding", [(False, "left"), (False, "right"), (True, "right")])
+@torch.no_grad()
+def test_matches_reference(variant, causal, padding):
+    attn = build_attention(VARIANTS[variant], causal)
+    x, mask = batch(padding)
+    out, probs = attn(x, x, x, key_padding_mask=mask, need_head_weights=True,
+                      attn_mask=causal_mask(x.size(0)) if causal else None)
+    for b in range(x.size(1)):
+        real = ~mask[b] if mask is not None else torch.ones(x.size(0), dtype=torch.bool)
+        ref_out, ref_probs = reference_attention(attn, sentence_of(x, b, mask), causal)
+        torch.testing.assert_close(out[real, b], ref_out, rtol=1e-9, atol=1e-9)
+        got_probs = probs[:, b][:, real][:, :, real]
+        torch.testing.assert_close(got_probs, ref_probs, rtol=1e-9, atol=1e-9)
+        # padded keys get no weight from real queries
+        assert probs[:, b][:, real][:, :, ~real].abs().max().item() == 0 if (~real).any() else True
+
+
+@pytest.mark.parametrize("variant", ["direct-both", "temperature"])
+def test_fused_path_equals_explicit_path(variant):
+    """Additive biases and temperature run through scaled_dot_product_attention unless weights are
+    needed: both paths give one result."""
+    attn = build_attention(VARIANTS[variant], causal=False)
+    x, mask = batch("left")
+    fused, _ = attn(x, x, x, key_padding_mask=mask, need_weights=False)
+    explicit, _ = attn(x, x, x, key_padding_mask=mask, need_weights=True)
+    real = ~mask
+    torch.testing.assert_close(fused.transpose(0, 1)[real], explicit.transpose(0, 1)[real])
+
+
+def test_distance_aware_coefficients_follow_the_paper_form():
+    term = DistanceAwareScaling(3).double()
+    with torch.no_grad():
+        term.w.copy_(torch.tensor([0.0, 0.7, -1.3]))
+        term.v.copy_(torch.tensor([0.0, 1.5, -0.4]))
+    ctx = PositionContext(None, 6, torch.device("cpu"))
+    coef = term.coefficients(ctx, 6, 6)
+    for h in range(3):
+        for i in range(6):
+            for j in range(6):
+                w, v = term.w[h].item(), term.v[h].item()
+                expected = (1 + math.exp(v)) / (1 + math.exp(v - w * abs(i - j)))
+                assert coef[h, i, j].item() == pytest.approx(expected, rel=1e-12)
+    assert torch.allclose(coef[0], torch.ones(6, 6, dtype=torch.double))  # f(0; v) = 1 at w = 0
+
+
+def test_distance_aware_is_stable_for_large_arguments():
+    term = DistanceAwareScaling(1)
+    with torch.no_grad():
+        term.w.fill_(200.0)
+        term.v.fill_(3.0)
+    coef = term.coefficients(PositionContext(None, 50, torch.device("cpu")), 50, 50)
+    assert torch.isfinite(coef).all()
+    assert coef.max().item() == pytest.approx(1 + math.exp(3.0), rel=1e-5)  # bound 1 + exp(v)
+
+
+def test_shaw_key_logits_gather_equals_explicit_sum():
+    term = RelativePositionEmbeddings(head_dim=4, clip=2).double()
+    q = torch.randn(2, 3, 5, 4, dtype=torch.double)
+    ctx = PositionContext(None, 5, torch.device("cpu"))
+    got = term.key_logits(q, ctx, 5, 5)
+    for i in range(5):
+        for j in range(5):
+            a = term.key_table[max(-2, min(2, j - i)) + 2]
+            torch.testing.assert_close(got[..., i, j], q[..., i, :] @ a)
+
+
+@pytest.mark.parametrize("variant", ["direct-absolute", "direct-relative", "conv-1d"])
+def test_sequence_longer_than_t_names_the_option(variant):
+    attn = build_attention(VARIANTS[variant], causal=False)
+    x = torch.randn(T_MAX + 1, 1, E, dtype=torch.double)
+    with pytest.raises(SequenceTooLongError, match="--max-positions"):
+        attn(x, x, x)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_no_nan_for_a_single_token(causal):
+    attn = build_attention(VARIANTS["all-at-once"], causal)
+    x = torch.randn(1, 2, E, dtype=torch.double)
+    out, _ = attn(x, x, x)
+    assert torch.isfinite(out).all()
