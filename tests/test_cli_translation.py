@@ -1,0 +1,191 @@
+"""End to end through fairseq's real command-line tools, in subprocesses, on the shipped Multi30k
+sample: fairseq-preprocess, fairseq-train with several position terms on at once, fairseq-generate
+and fairseq-interactive from the saved checkpoint in fresh processes, resume, distributed (gloo)."""
+
+import os
+import re
+import socket
+import subprocess
+import sys
+from typing import List
+
+import pytest
+import torch
+
+from fairseq_posattn.data.text_pipeline import prepare_translation_corpus
+from model_helpers import REPO, USER_DIR
+
+pytestmark = pytest.mark.slow
+
+SAMPLE = os.path.join(REPO, "data", "multi30k_sample")
+BIN = os.path.dirname(sys.executable)
+
+MODEL = [
+    "--user-dir", USER_DIR, "--arch", "transformer_posattn",
+    "--encoder-layers", "2", "--decoder-layers", "2", "--encoder-embed-dim", "32",
+    "--decoder-embed-dim", "32", "--encoder-ffn-embed-dim", "64", "--decoder-ffn-embed-dim", "64",
+    "--encoder-attention-heads", "2", "--decoder-attention-heads", "2",
+    "--max-source-positions", "128", "--max-target-positions", "128", "--share-all-embeddings",
+]
+VARIANTS = [
+    "--encoder-direct-position", "both", "--encoder-learnable-temperature",
+    "--encoder-conv-attention", "2d", "--encoder-distance-aware", "--encoder-relative-positions", "4",
+    "--decoder-direct-position", "both", "--decoder-conv-attention", "1d",
+    "--decoder-relative-positions", "4", "--decoder-learnable-temperature",
+]
+TRAINING = [
+    "--optimizer", "adam", "--lr", "0.001", "--max-tokens", "2000", "--cpu", "--seed", "1",
+    "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
+    "--no-epoch-checkpoints", "--log-format", "simple", "--log-interval", "1",
+    "--required-batch-size-multiple", "1", "--num-workers", "0",
+]
+
+
+def run(tool: str, args: List[str], **kwargs) -> subprocess.CompletedProcess:
+    """Run a console tool of the virtualenv; fail with its output if it fails."""
+    result = subprocess.run([os.path.join(BIN, tool), *args], capture_output=True, text=True,
+                            cwd=kwargs.pop("cwd", REPO), **kwargs)
+    assert result.returncode == 0, f"{tool} failed:\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}"
+    return result
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """Tokenized, BPE-split and binarized first 300 lines of each split of the shipped sample."""
+    root = tmp_path_factory.mktemp("multi30k")
+    prepared = str(root / "prepared")
+    prepare_translation_corpus(SAMPLE, prepared, "en", "de", bpe_merges=800, max_lines=300)
+    data_bin = str(root / "data-bin")
+    run("fairseq-preprocess", [
+        "--source-lang", "en", "--target-lang", "de", "--joined-dictionary", "--workers", "1",
+        "--trainpref", f"{prepared}/train.bpe", "--validpref", f"{prepared}/valid.bpe",
+        "--testpref", f"{prepared}/test.bpe", "--destdir", data_bin,
+    ])
+    return {"prepared": prepared, "data_bin": data_bin, "root": root}
+
+
+@pytest.fixture(scope="module")
+def trained(corpus):
+    save_dir = str(corpus["root"] / "checkpoints")
+    log = run("fairseq-train", [corpus["data_bin"], *MODEL, *VARIANTS, *TRAINING,
+                                "--max-update", "6", "--save-dir", save_dir]).stdout
+    assert "done training" in log and os.path.exists(f"{save_dir}/checkpoint_last.pt")
+    return save_dir
+
+
+def hypotheses(generate_output: str):
+    found = {}
+    for line in generate_output.splitlines():
+        if line.startswith("H-"):
+            ident, _score, text = line.split("\t")
+            found[int(ident[2:])] = text
+    return found
+
+
+def test_generate_translates_every_test_sentence_from_a_fresh_process(corpus, trained):
+    out = run("fairseq-generate", [
+        corpus["data_bin"], "--user-dir", USER_DIR, "--path", f"{trained}/checkpoint_last.pt",
+        "--gen-subset", "test", "--beam", "3", "--batch-size", "32", "--max-len-b", "20",
+        "--required-batch-size-multiple", "1", "--cpu",
+    ]).stdout
+    assert sorted(hypotheses(out)) == list(range(300))
+
+
+def test_interactive_agrees_with_generate(corpus, trained):
+    common = ["--user-dir", USER_DIR, "--path", f"{trained}/checkpoint_last.pt", "--beam", "3",
+              "--max-len-b", "20", "--cpu", "--source-lang", "en", "--target-lang", "de"]
+    with open(os.path.join(corpus["prepared"], "test.bpe.en")) as f:
+        sources = [next(f) for _ in range(5)]
+    interactive = run("fairseq-interactive", [corpus["data_bin"], *common, "--buffer-size", "5",
+                                              "--batch-size", "5"], input="".join(sources)).stdout
+    generated = hypotheses(run("fairseq-generate", [
+        corpus["data_bin"], *common, "--gen-subset", "test", "--batch-size", "32",
+        "--required-batch-size-multiple", "1",
+    ]).stdout)
+    from_interactive = hypotheses(interactive)
+    assert len(from_interactive) == 5
+    for i, source in enumerate(sources):
+        test_id = _test_id_of(corpus, source)
+        assert from_interactive[i] == generated[test_id]
+
+
+def _test_id_of(corpus, source: str) -> int:
+    with open(os.path.join(corpus["prepared"], "test.bpe.en")) as f:
+        return [line for line in f].index(source)
+
+
+def test_resume_continues_from_the_checkpoint(corpus, trained, tmp_path):
+    save_dir = str(tmp_path / "resumed")
+    os.makedirs(save_dir)
+    with open(f"{trained}/checkpoint_last.pt", "rb") as src, open(f"{save_dir}/checkpoint_last.pt", "wb") as dst:
+        dst.write(src.read())
+    log = run("fairseq-train", [corpus["data_bin"], *MODEL, *VARIANTS, *TRAINING,
+                                "--max-update", "8", "--save-dir", save_dir])
+    text = log.stdout + log.stderr
+    assert re.search(r"Loaded checkpoint .*checkpoint_last\.pt \(epoch \d+ @ 6 updates\)", text), text[-2000:]
+    assert "num_updates 8" in text or "@ 8 updates" in text
+
+
+def test_loaded_model_runs_our_attention_in_eval_mode(trained):
+    """A checkpoint loaded in eval mode must not take a fused path that skips the position terms."""
+    from fairseq import checkpoint_utils
+    from fairseq_posattn.modules.attention import PositionAwareMultiheadAttention
+
+    models, _cfg, _task = checkpoint_utils.load_model_ensemble_and_task([f"{trained}/checkpoint_last.pt"])
+    model = models[0].eval()
+    attention = model.encoder.layers[0].self_attn
+    assert isinstance(attention, PositionAwareMultiheadAttention)
+    src = torch.tensor([[10, 11, 12, 13, 2]])
+    with torch.no_grad():
+        before = model.encoder(src)["encoder_out"][0]
+        attention.additive_terms[0].weight.add_(5.0 * torch.randn_like(attention.additive_terms[0].weight))
+        after = model.encoder(src)["encoder_out"][0]
+    assert not torch.allclose(before, after)
+
+
+def test_unknown_combination_fails_at_start_up_with_the_fix(corpus, tmp_path):
+    result = subprocess.run([
+        os.path.join(BIN, "fairseq-train"), corpus["data_bin"], *MODEL, *TRAINING,
+        "--encoder-direct-position-layers", "all", "--max-update", "1", "--save-dir", str(tmp_path),
+    ], capture_output=True, text=True, cwd=REPO)
+    assert result.returncode != 0
+    assert "--encoder-direct-position-layers all has no effect without --encoder-direct-position" in result.stderr
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# Only rank 0 saves checkpoints in fairseq; to compare the ranks' weights, rank 1 is allowed to
+# save into its own directory too. Training itself is fairseq's, unchanged.
+SAVE_ON_EVERY_RANK = (
+    "import sys, fairseq.trainer as t;"
+    "t.Trainer.should_save_checkpoint_on_current_rank = property(lambda self: True);"
+    "from fairseq_cli.train import cli_main; sys.argv[0] = 'fairseq-train'; cli_main()"
+)
+
+
+def test_two_cpu_processes_train_in_sync(corpus, tmp_path):
+    port = _free_port()
+    procs = []
+    for rank in range(2):
+        os.makedirs(tmp_path / f"rank{rank}")  # fairseq creates the save dir on rank 0 only
+        args = [corpus["data_bin"], *MODEL, *VARIANTS, *TRAINING, "--max-update", "3",
+                "--save-dir", str(tmp_path / f"rank{rank}"), "--no-save-optimizer-state",
+                "--distributed-world-size", "2", "--distributed-rank", str(rank),
+                "--distributed-init-method", f"tcp://127.0.0.1:{port}", "--distributed-no-spawn",
+                "--distributed-backend", "gloo", "--device-id", "0", "--ddp-backend", "legacy_ddp"]
+        procs.append(subprocess.Popen([sys.executable, "-c", SAVE_ON_EVERY_RANK, *args], cwd=REPO,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    outputs = [p.communicate(timeout=600)[0] for p in procs]
+    for p, out in zip(procs, outputs):
+        assert p.returncode == 0, "\n".join(o[-3000:] for o in outputs)
+    weights = [torch.load(tmp_path / f"rank{r}" / "checkpoint_last.pt", weights_only=False)["model"]
+               for r in range(2)]
+    assert weights[0].keys() == weights[1].keys()
+    for name in weights[0]:
+        torch.testing.assert_close(weights[0][name], weights[1][name], msg=name)
+    start = torch.load(tmp_path / "rank0" / "checkpoint_last.pt", weights_only=False)
+    assert start["optimizer_history"][-1]["num_updates"] == 3
