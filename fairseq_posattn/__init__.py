@@ -10,4 +10,6 @@ compat.apply_all()
 
 from fairseq_posattn import models  # noqa: E402,F401  (registers architectures)
 
+compat.show_model_options_in_help()
+
 __version__ = "0.1.0"

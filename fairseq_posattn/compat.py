@@ -5,6 +5,7 @@ are no-ops where the behaviour is absent (official fairseq 0.12.2 on an older st
 """
 
 import argparse
+import sys
 import types
 
 import numpy as np
@@ -48,6 +49,37 @@ def never_use_fused_encoder_layer(layer: nn.Module) -> None:
     layer.BT_version = False
     layer.can_use_fastpath = False
     layer.load_to_BT = False
+
+
+def show_model_options_in_help() -> None:
+    """fairseq's ``options.parse_args_and_arch`` lets argparse answer ``-h`` *before* it adds the
+    options of ``--arch`` (fairseq's own ``fairseq-train --arch transformer -h`` lists none).
+    Wrap it so that, for the plugin's architectures, ``-h`` lists their options too."""
+    from fairseq import options
+
+    original = options.parse_args_and_arch
+    if getattr(original, "shows_model_options", False):
+        return
+
+    def parse_args_and_arch(parser, input_args=None, *args, **kwargs):
+        argv = sys.argv[1:] if input_args is None else list(input_args)
+        if {"-h", "--help"} & set(argv):
+            _add_plugin_model_options(parser, argv)
+        return original(parser, input_args, *args, **kwargs)
+
+    parse_args_and_arch.shows_model_options = True
+    options.parse_args_and_arch = parse_args_and_arch
+
+
+def _add_plugin_model_options(parser: argparse.ArgumentParser, argv: list) -> None:
+    arch_parser = argparse.ArgumentParser(add_help=False)
+    arch_parser.add_argument("--arch", "-a")
+    arch = arch_parser.parse_known_args(argv)[0].arch
+    from fairseq.models import ARCH_MODEL_REGISTRY
+
+    model = ARCH_MODEL_REGISTRY.get(arch)
+    if model is not None and model.__module__.startswith(__name__.split(".")[0]):
+        model.add_args(parser.add_argument_group("Model-specific configuration"))
 
 
 def apply_all() -> None:

@@ -1,15 +1,23 @@
 """Build small models through fairseq's own argument parsing, as fairseq-train does."""
 
 import os
-from typing import List
+from typing import Dict, List
 
-from fairseq import options
+from fairseq import models, options
 from fairseq.data import Dictionary
-from fairseq.models import ARCH_MODEL_REGISTRY
+from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+from fairseq_posattn.modules.attention import PositionAwareMultiheadAttention
+from reference_attention import randomize_
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 USER_DIR = os.path.join(REPO, "fairseq_posattn")
 
+TINY_LM = [
+    "--task", "language_modeling", "--decoder-layers", "2", "--decoder-embed-dim", "16",
+    "--decoder-ffn-embed-dim", "32", "--decoder-attention-heads", "2",
+    "--tokens-per-sample", "24", "--max-target-positions", "24",
+]
 TINY = [
     "--encoder-layers", "2", "--decoder-layers", "2",
     "--encoder-embed-dim", "16", "--decoder-embed-dim", "16",
@@ -29,13 +37,54 @@ class TinyTask:
         self.target_dictionary = self.source_dictionary
 
 
-def parse_model_args(arch: str, extra: List[str]):
+def parse_model_args(arch: str, extra: List[str], tiny: List[str] = TINY):
     parser = options.get_training_parser()
     return options.parse_args_and_arch(
-        parser, ["unused-data-dir", "--user-dir", USER_DIR, "--arch", arch, *TINY, *extra]
+        parser, ["unused-data-dir", "--user-dir", USER_DIR, "--arch", arch, *tiny, *extra]
     )
 
 
-def build_model(arch: str, extra: List[str], task: TinyTask = None):
-    args = parse_model_args(arch, extra)
-    return ARCH_MODEL_REGISTRY[args.arch].build_model(args, task or TinyTask())
+def build_model(arch: str, extra: List[str], task: TinyTask = None, tiny: List[str] = TINY):
+    """Build as fairseq-train does: parse, convert to the hydra config, ``models.build_model``."""
+    args = parse_model_args(arch, extra, tiny)
+    cfg = convert_namespace_to_omegaconf(args)
+    return models.build_model(cfg.model, task or TinyTask())
+
+
+def build_lm(arch: str, extra: List[str]):
+    return build_model(arch, extra, tiny=TINY_LM)
+
+
+SIDE_VARIANTS: Dict[str, List[str]] = {
+    "direct-absolute": ["direct-position", "absolute"],
+    "direct-relative": ["direct-position", "relative"],
+    "direct-both-all-layers": ["direct-position", "both", "direct-position-layers", "all"],
+    "temperature": ["learnable-temperature"],
+    "conv-1d": ["conv-attention", "1d"],
+    "conv-2d": ["conv-attention", "2d"],
+    "conv-2d-k5": ["conv-attention", "2d", "conv-attention-kernel", "5"],
+    "distance-aware": ["distance-aware"],
+    "shaw": ["relative-positions", "3"],
+    "combined": ["direct-position", "both", "learnable-temperature", "conv-attention", "2d",
+                 "distance-aware", "relative-positions", "2"],
+}
+
+
+def side_flags(side: str, variant: str) -> List[str]:
+    flags = []
+    for word in SIDE_VARIANTS[variant]:
+        flags.append(word if word[0].isdigit() or word in ("absolute", "relative", "both", "all", "1d", "2d")
+                     else f"--{side}-{word}")
+    return flags
+
+
+def randomized(model):
+    """Random values for position parameters (most start at zero or one)."""
+    assert any(isinstance(m, PositionAwareMultiheadAttention) for m in model.modules()), \
+        "the options did not reach the model: no position-aware attention was built"
+    for module in model.modules():
+        if isinstance(module, PositionAwareMultiheadAttention):
+            for name, term in module.named_children():
+                if name not in ("q_proj", "k_proj", "v_proj", "out_proj", "dropout_module"):
+                    randomize_(term, seed=len(name))
+    return model.eval()

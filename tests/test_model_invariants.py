@@ -7,43 +7,8 @@ import pytest
 import torch
 from fairseq.modules import MultiheadAttention
 
-from fairseq_posattn.modules.attention import PositionAwareMultiheadAttention
 from fairseq_posattn.modules.position_terms.base import SequenceTooLongError
-from model_helpers import build_model
-from reference_attention import randomize_
-
-SIDE_VARIANTS: Dict[str, List[str]] = {
-    "direct-absolute": ["direct-position", "absolute"],
-    "direct-relative": ["direct-position", "relative"],
-    "direct-both-all-layers": ["direct-position", "both", "direct-position-layers", "all"],
-    "temperature": ["learnable-temperature"],
-    "conv-1d": ["conv-attention", "1d"],
-    "conv-2d": ["conv-attention", "2d"],
-    "conv-2d-k5": ["conv-attention", "2d", "conv-attention-kernel", "5"],
-    "distance-aware": ["distance-aware"],
-    "shaw": ["relative-positions", "3"],
-    "combined": ["direct-position", "both", "learnable-temperature", "conv-attention", "2d",
-                 "distance-aware", "relative-positions", "2"],
-}
-
-
-def side_flags(side: str, variant: str) -> List[str]:
-    flags = []
-    for word in SIDE_VARIANTS[variant]:
-        flags.append(word if word[0].isdigit() or word in ("absolute", "relative", "both", "all", "1d", "2d")
-                     else f"--{side}-{word}")
-    return flags
-
-
-def randomized(model):
-    """Random values for position parameters (most start at zero or one)."""
-    for module in model.modules():
-        if isinstance(module, PositionAwareMultiheadAttention):
-            for name, term in module.named_children():
-                if name not in ("q_proj", "k_proj", "v_proj", "out_proj", "dropout_module"):
-                    randomize_(term, seed=len(name))
-    return model.eval()
-
+from model_helpers import SIDE_VARIANTS, build_model, randomized, side_flags
 
 def tokens(rows: List[List[int]], left_pad: bool, pad: int = 1) -> torch.Tensor:
     T = max(len(r) for r in rows)

@@ -1,1 +1,1 @@
-from fairseq_posattn.models import transformer_posattn  # noqa: F401
+from fairseq_posattn.models import transformer_lm_posattn, transformer_posattn  # noqa: F401

@@ -2,8 +2,11 @@
 factory that turns one side's options into the position terms of each of its layers."""
 
 import logging
-from dataclasses import dataclass
-from typing import Any, List
+from dataclasses import dataclass, field, fields, make_dataclass
+from typing import Any, List, Tuple
+
+from fairseq.dataclass import ChoiceEnum, FairseqDataclass
+from fairseq.dataclass.utils import gen_parser_from_dataclass
 
 from fairseq_posattn.modules.attention import PositionTerms
 from fairseq_posattn.modules.position_terms.convolution import (
@@ -24,67 +27,64 @@ DIRECT_POSITION_CHOICES = ["none", "absolute", "relative", "both"]
 DIRECT_POSITION_LAYER_CHOICES = ["first", "all"]
 CONV_ATTENTION_CHOICES = ["none", "1d", "2d"]
 
-#: name -> default, for every per-side option (``--encoder-<name>`` / ``--decoder-<name>``)
-SIDE_OPTION_DEFAULTS = {
-    "direct_position": "none",
-    "direct_position_layers": "first",
-    "learnable_temperature": False,
-    "conv_attention": "none",
-    "conv_attention_kernel": 3,
-    "distance_aware": False,
-    "relative_positions": 0,
-}
 
 
 class PositionOptionError(ValueError):
     """An impossible option value or combination, reported at start-up."""
 
 
-def add_position_args(parser: Any, side: str) -> None:
-    """Add the ``--{side}-*`` options of SPEC.md section 9 to a fairseq model parser.
-
-    No argparse defaults: architectures fill them (:func:`set_position_defaults`), so presets can
-    override them as fairseq's own architectures do.
-    """
+def _side_fields(side: str) -> List[Tuple[str, Any, Any]]:
+    """``(name, type, dataclass field)`` of every ``--{side}-*`` option of SPEC.md section 9."""
     what = "encoder self-attention" if side == "encoder" else "decoder (causal) self-attention"
-    max_opt = "--max-source-positions" if side == "encoder" else "--max-target-positions"
-    parser.add_argument(
-        f"--{side}-direct-position", choices=DIRECT_POSITION_CHOICES, metavar="KIND",
-        help=f"direct position interactions in the {what} (Dufter et al. 2020, 2.3): a learnable "
-        f"t x t matrix per head (absolute, SAN+P), a vector over i - j per head (relative, SAN+R) or "
-        f"both (SAN+P+R), added to the logits; t = {max_opt}. "
-        f"Choices: {', '.join(DIRECT_POSITION_CHOICES)} (default: none)",
-    )
-    parser.add_argument(
-        f"--{side}-direct-position-layers", choices=DIRECT_POSITION_LAYER_CHOICES, metavar="LAYERS",
-        help="layers that get direct position interactions: first (as the paper) or all, each with "
-        "its own parameters (default: first)",
-    )
-    parser.add_argument(
-        f"--{side}-learnable-temperature", action="store_true", default=None,
-        help=f"learnable per-head temperature gamma_q, gamma_k, gamma_v in every layer of the {what} "
-        "(Dufter et al. 2020, 2.4, +Temp)",
-    )
-    parser.add_argument(
-        f"--{side}-conv-attention", choices=CONV_ATTENTION_CHOICES, metavar="KIND",
-        help=f"convolve the post-softmax attention matrix in every layer of the {what} "
-        f"(Dufter et al. 2020, 2.5): 1d (+Conv, t key channels, t = {max_opt}) or 2d (+Conv2d, "
-        "one k x k filter per head). Choices: none, 1d, 2d (default: none)",
-    )
-    parser.add_argument(
-        f"--{side}-conv-attention-kernel", type=int, metavar="K",
-        help="odd width k of the attention convolution (default: 3)",
-    )
-    parser.add_argument(
-        f"--{side}-distance-aware", action="store_true", default=None,
-        help=f"distance-aware attention in every layer of the {what} (Wu et al. 2021, "
-        "DA-Transformer): ReLU(QK^T) re-scaled by a learned function of |i - j| per head",
-    )
-    parser.add_argument(
-        f"--{side}-relative-positions", type=int, metavar="K",
-        help=f"Shaw et al. (2018) relative position representations with clip distance K in every "
-        f"layer of the {what} (Transformer-RPR); 0 = off (default: 0)",
-    )
+    t = "--max-source-positions" if side == "encoder" else "--max-target-positions (LM: --tokens-per-sample)"
+
+    def option(name: str, kind: Any, default: Any, help: str) -> Tuple[str, Any, Any]:
+        return f"{side}_{name}", kind, field(default=default, metadata={"help": help})
+
+    return [
+        option("direct_position", ChoiceEnum(DIRECT_POSITION_CHOICES), "none",
+               f"direct position interactions in the {what} (Dufter et al. 2020, 2.3), added to the "
+               f"logits: a learnable t x t matrix per head (absolute, SAN+P), a vector over i - j per "
+               f"head (relative, SAN+R) or both (SAN+P+R); t = {t}"),
+        option("direct_position_layers", ChoiceEnum(DIRECT_POSITION_LAYER_CHOICES), "first",
+               "layers with direct position interactions: first (as the paper) or all, each layer "
+               "with its own parameters"),
+        option("learnable_temperature", bool, False,
+               f"learnable per-head temperatures gamma_q, gamma_k, gamma_v in every layer of the "
+               f"{what} (Dufter et al. 2020, 2.4; +Temp)"),
+        option("conv_attention", ChoiceEnum(CONV_ATTENTION_CHOICES), "none",
+               f"convolve the post-softmax attention matrix in every layer of the {what} (Dufter et "
+               f"al. 2020, 2.5): 1d (+Conv; t key channels, t = {t}) or 2d (+Conv2d; one k x k "
+               f"filter per head)"),
+        option("conv_attention_kernel", int, 3, "odd width k of the attention convolution"),
+        option("distance_aware", bool, False,
+               f"distance-aware attention in every layer of the {what} (Wu et al. 2021, "
+               f"DA-Transformer): ReLU(QK^T) re-scaled by a learned function of |i - j| per head"),
+        option("relative_positions", int, 0,
+               f"Shaw et al. (2018) relative position representations with clip distance k in every "
+               f"layer of the {what} (Transformer-RPR); 0 = off"),
+    ]
+
+
+EncoderPositionConfig = make_dataclass(
+    "EncoderPositionConfig", _side_fields("encoder"), bases=(FairseqDataclass,))
+DecoderPositionConfig = make_dataclass(
+    "DecoderPositionConfig", _side_fields("decoder"), bases=(FairseqDataclass,))
+SIDE_CONFIGS = {"encoder": EncoderPositionConfig, "decoder": DecoderPositionConfig}
+#: per-side option name (without the side prefix) -> default
+SIDE_OPTION_DEFAULTS = {
+    f.name[len("encoder_"):]: f.default for f in fields(EncoderPositionConfig)
+    if f.name.startswith("encoder_")
+}
+
+
+def add_position_args(parser: Any, side: str) -> None:
+    """Add the ``--{side}-*`` options to an argparse model parser (legacy fairseq models).
+
+    Defaults are left unset, as fairseq does for architectures: :func:`set_position_defaults`
+    fills them, so presets can override them.
+    """
+    gen_parser_from_dataclass(parser, SIDE_CONFIGS[side](), delete_default=True)
 
 
 def set_position_defaults(args: Any, sides: List[str]) -> None:
@@ -118,8 +118,8 @@ class SidePositionOptions:
         values = {
             name: getattr(cfg, f"{side}_{name}", None) for name in SIDE_OPTION_DEFAULTS
         }
-        values = {
-            name: SIDE_OPTION_DEFAULTS[name] if value is None else value
+        values = {  # hydra configs hold choices as enum members: keep their string values
+            name: SIDE_OPTION_DEFAULTS[name] if value is None else getattr(value, "value", value)
             for name, value in values.items()
         }
         options = cls(side=side, causal=causal, max_positions=max_positions,

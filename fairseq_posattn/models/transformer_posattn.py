@@ -33,10 +33,10 @@ def encoder_position_options(cfg: Any) -> SidePositionOptions:
     )
 
 
-def decoder_position_options(cfg: Any, max_positions_option: str = "--max-target-positions") -> SidePositionOptions:
+def decoder_position_options(cfg: Any) -> SidePositionOptions:
     return SidePositionOptions.from_config(
         cfg, "decoder", causal=True, max_positions=cfg.max_target_positions,
-        max_positions_option=max_positions_option,
+        max_positions_option="--max-target-positions",
     )
 
 

@@ -1,0 +1,86 @@
+"""``transformer_lm_posattn``: fairseq's transformer language model with position-aware causal
+self-attention (every ``--decoder-*`` option of SPEC.md section 9).
+
+The base architecture takes its defaults from the dataclass, as fairseq's ``transformer_lm`` does;
+size presets mirror fairseq's ``transformer_lm``, ``transformer_lm_big``,
+``transformer_lm_wiki103`` and ``transformer_lm_gpt``. t, the largest sequence the direct positions
+and the 1d convolution accept, is ``--max-target-positions`` (by default ``--tokens-per-sample``).
+"""
+
+from dataclasses import dataclass
+from typing import Any
+
+from fairseq.models import register_model, register_model_architecture
+from fairseq.models.transformer import TransformerConfig
+from fairseq.models.transformer_lm import (
+    TransformerLanguageModel,
+    TransformerLanguageModelConfig,
+    transformer_lm_baevski_wiki103,
+    transformer_lm_big,
+    transformer_lm_gpt,
+)
+
+from fairseq_posattn.models.position_aware_transformer import PositionAwareTransformerDecoder
+from fairseq_posattn.models.position_options import (
+    DecoderPositionConfig,
+    PositionOptionError,
+    SidePositionOptions,
+    set_position_defaults,
+)
+
+MAX_POSITIONS_OPTION = "--max-target-positions (default: --tokens-per-sample)"
+
+
+@dataclass
+class TransformerLanguageModelPosattnConfig(TransformerLanguageModelConfig, DecoderPositionConfig):
+    """fairseq's ``transformer_lm`` options plus the ``--decoder-*`` position options."""
+
+
+@register_model("transformer_lm_posattn", dataclass=TransformerLanguageModelPosattnConfig)
+class PositionAwareTransformerLanguageModel(TransformerLanguageModel):
+    @classmethod
+    def build_model(cls, args: Any, task: Any):
+        # fairseq's build_model sets the defaults (max_target_positions from tokens_per_sample) and
+        # the input embedding (plain, character or adaptive); only the decoder is ours.
+        embed_tokens = super().build_model(args, task).decoder.embed_tokens
+        cfg = TransformerConfig.from_namespace(args)
+        # from_namespace drops the extra keys of a hydra DictConfig: read our options from args
+        options = SidePositionOptions.from_config(
+            args, "decoder", causal=True, max_positions=cfg.max_target_positions,
+            max_positions_option=MAX_POSITIONS_OPTION,
+        )
+        check_block_fits(options, task)
+        decoder = PositionAwareTransformerDecoder(
+            cfg, task.target_dictionary, embed_tokens, options, no_encoder_attn=True
+        )
+        return cls(decoder)
+
+
+def check_block_fits(options: Any, task: Any) -> None:
+    """``--tokens-per-sample`` longer than t would only fail at the first long batch: fail now."""
+    task_cfg = getattr(task, "args", None) or getattr(task, "cfg", None)
+    tokens_per_sample = getattr(task_cfg, "tokens_per_sample", None)
+    needs_t = options.direct_position != "none" or options.conv_attention == "1d"
+    if needs_t and tokens_per_sample is not None and tokens_per_sample > options.max_positions:
+        raise PositionOptionError(
+            f"--tokens-per-sample {tokens_per_sample} is longer than the {options.max_positions} "
+            f"positions of --decoder-direct-position / --decoder-conv-attention 1d; raise "
+            f"--max-target-positions to at least {tokens_per_sample} or lower --tokens-per-sample")
+
+
+@register_model_architecture("transformer_lm_posattn", "transformer_lm_posattn_big")
+def posattn_lm_big(args):
+    set_position_defaults(args, ["decoder"])
+    transformer_lm_big(args)
+
+
+@register_model_architecture("transformer_lm_posattn", "transformer_lm_posattn_wiki103")
+def posattn_lm_wiki103(args):
+    set_position_defaults(args, ["decoder"])
+    transformer_lm_baevski_wiki103(args)
+
+
+@register_model_architecture("transformer_lm_posattn", "transformer_lm_posattn_gpt")
+def posattn_lm_gpt(args):
+    set_position_defaults(args, ["decoder"])
+    transformer_lm_gpt(args)
