@@ -19,6 +19,7 @@ from fairseq_posattn.modules.position_terms.direct import (
 )
 from fairseq_posattn.modules.position_terms.distance_aware import DistanceAwareScaling
 from fairseq_posattn.modules.position_terms.relative_embeddings import RelativePositionEmbeddings
+from fairseq_posattn.modules.position_terms.structural import StructuralRelativeEmbeddings
 from fairseq_posattn.modules.position_terms.temperature import LearnableTemperature
 
 logger = logging.getLogger(__name__)
@@ -26,6 +27,8 @@ logger = logging.getLogger(__name__)
 DIRECT_POSITION_CHOICES = ["none", "absolute", "relative", "both"]
 DIRECT_POSITION_LAYER_CHOICES = ["first", "all"]
 CONV_ATTENTION_CHOICES = ["none", "1d", "2d"]
+STRUCTURAL_CHOICES = ["none", "absolute", "relative", "both"]
+STRUCTURAL_FUSION_CHOICES = ["add", "nonlinear"]
 
 
 
@@ -66,15 +69,35 @@ def _side_fields(side: str) -> List[Tuple[str, Any, Any]]:
     ]
 
 
+def _structural_fields() -> List[Tuple[str, Any, Any]]:
+    """The encoder-only structural options (Wang et al. 2019; SPEC.md section 6)."""
+    return [
+        ("encoder_structural_positions", ChoiceEnum(STRUCTURAL_CHOICES), field(default="none", metadata={
+            "help": "structural positions of the source words from their dependency parse (Wang et "
+                    "al. 2019; needs --task translation_structural): absolute = sinusoidal "
+                    "embedding of the tree depth, relative = Shaw-style key/value embeddings of the "
+                    "relative tree position in every encoder layer, or both"})),
+        ("encoder_structural_fusion", ChoiceEnum(STRUCTURAL_FUSION_CHOICES), field(default="add", metadata={
+            "help": "how the absolute structural embedding joins the sequential one: add (sum) or "
+                    "nonlinear (tanh of a learned linear map of both)"})),
+        ("encoder_structural_clip", int, field(default=16, metadata={
+            "help": "clip r of the relative structural positions (Wang et al.: 16)"})),
+    ]
+
+
 EncoderPositionConfig = make_dataclass(
-    "EncoderPositionConfig", _side_fields("encoder"), bases=(FairseqDataclass,))
+    "EncoderPositionConfig", _side_fields("encoder") + _structural_fields(), bases=(FairseqDataclass,))
 DecoderPositionConfig = make_dataclass(
     "DecoderPositionConfig", _side_fields("decoder"), bases=(FairseqDataclass,))
 SIDE_CONFIGS = {"encoder": EncoderPositionConfig, "decoder": DecoderPositionConfig}
 #: per-side option name (without the side prefix) -> default
 SIDE_OPTION_DEFAULTS = {
+    f.name[len("decoder_"):]: f.default for f in fields(DecoderPositionConfig)
+    if f.name.startswith("decoder_")
+}
+STRUCTURAL_OPTION_DEFAULTS = {
     f.name[len("encoder_"):]: f.default for f in fields(EncoderPositionConfig)
-    if f.name.startswith("encoder_")
+    if f.name.startswith("encoder_structural")
 }
 
 
@@ -90,7 +113,8 @@ def add_position_args(parser: Any, side: str) -> None:
 def set_position_defaults(args: Any, sides: List[str]) -> None:
     """Fill every unset position option of ``sides`` with its default (architecture functions)."""
     for side in sides:
-        for name, default in SIDE_OPTION_DEFAULTS.items():
+        defaults = dict(SIDE_OPTION_DEFAULTS, **(STRUCTURAL_OPTION_DEFAULTS if side == "encoder" else {}))
+        for name, default in defaults.items():
             key = f"{side}_{name}"
             if getattr(args, key, None) is None:
                 setattr(args, key, default)
@@ -111,15 +135,17 @@ class SidePositionOptions:
     conv_attention_kernel: int = 3
     distance_aware: bool = False
     relative_positions: int = 0
+    structural_positions: str = "none"
+    structural_fusion: str = "add"
+    structural_clip: int = 16
 
     @classmethod
     def from_config(cls, cfg: Any, side: str, causal: bool, max_positions: int,
                     max_positions_option: str) -> "SidePositionOptions":
-        values = {
-            name: getattr(cfg, f"{side}_{name}", None) for name in SIDE_OPTION_DEFAULTS
-        }
+        defaults = dict(SIDE_OPTION_DEFAULTS, **(STRUCTURAL_OPTION_DEFAULTS if side == "encoder" else {}))
+        values = {name: getattr(cfg, f"{side}_{name}", None) for name in defaults}
         values = {  # hydra configs hold choices as enum members: keep their string values
-            name: SIDE_OPTION_DEFAULTS[name] if value is None else getattr(value, "value", value)
+            name: defaults[name] if value is None else getattr(value, "value", value)
             for name, value in values.items()
         }
         options = cls(side=side, causal=causal, max_positions=max_positions,
@@ -158,6 +184,14 @@ class SidePositionOptions:
         if self.relative_positions < 0:
             raise PositionOptionError(
                 f"{self.flag('relative_positions')} is a clip distance k >= 1 (0 = off), got {self.relative_positions}")
+        if self.structural_positions not in STRUCTURAL_CHOICES:
+            raise PositionOptionError(
+                f"{self.flag('structural_positions')} must be one of {STRUCTURAL_CHOICES}, got {self.structural_positions!r}")
+        if self.structural_fusion not in STRUCTURAL_FUSION_CHOICES:
+            raise PositionOptionError(
+                f"{self.flag('structural_fusion')} must be one of {STRUCTURAL_FUSION_CHOICES}, got {self.structural_fusion!r}")
+        if self.structural_clip < 1:
+            raise PositionOptionError(f"{self.flag('structural_clip')} must be >= 1, got {self.structural_clip}")
         needs_t = self.direct_position != "none" or self.conv_attention == "1d"
         if needs_t and self.max_positions < 1:
             raise PositionOptionError(f"{self.max_positions_option} must be positive, got {self.max_positions}")
@@ -172,7 +206,16 @@ class SidePositionOptions:
         return (
             self.direct_position != "none" or self.learnable_temperature or self.distance_aware
             or self.conv_attention != "none" or self.relative_positions > 0
+            or self.structural_relative
         )
+
+    @property
+    def structural_absolute(self) -> bool:
+        return self.structural_positions in ("absolute", "both")
+
+    @property
+    def structural_relative(self) -> bool:
+        return self.structural_positions in ("relative", "both")
 
     def build_terms(self, layer_index: int, num_heads: int, head_dim: int) -> PositionTerms:
         """The position terms of layer ``layer_index`` (0-based) of this side."""
@@ -191,6 +234,8 @@ class SidePositionOptions:
             terms.scaling = DistanceAwareScaling(num_heads)
         if self.relative_positions > 0:
             terms.key_value.append(RelativePositionEmbeddings(head_dim, self.relative_positions))
+        if self.structural_relative:
+            terms.key_value.append(StructuralRelativeEmbeddings(head_dim, self.structural_clip))
         k = self.conv_attention_kernel
         if self.conv_attention == "2d":
             terms.post_softmax = ConvolvedAttention2d(num_heads, k, self.causal)

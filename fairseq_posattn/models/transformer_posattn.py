@@ -20,6 +20,7 @@ from fairseq_posattn.models.position_aware_transformer import (
     PositionAwareTransformerEncoder,
 )
 from fairseq_posattn.models.position_options import (
+    PositionOptionError,
     SidePositionOptions,
     add_position_args,
     set_position_defaults,
@@ -53,7 +54,23 @@ class PositionAwareTransformerModel(TransformerModel):
     @classmethod
     def build_model(cls, args, task):
         posattn_base_architecture(args)
+        if args.encoder_structural_positions != "none" and not getattr(task, "provides_structure", False):
+            raise PositionOptionError(
+                f"--encoder-structural-positions {args.encoder_structural_positions} needs each source "
+                f"sentence's parse: use --task translation_structural (not {type(task).__name__})")
         return super().build_model(args, task)
+
+    def forward(self, src_tokens, src_lengths, prev_output_tokens, return_all_hiddens: bool = True,
+                features_only: bool = False, alignment_layer=None, alignment_heads=None,
+                src_structure=None):
+        """fairseq's forward, passing the structural side data (``net_input["src_structure"]``) on."""
+        encoder_out = self.encoder(src_tokens, src_lengths=src_lengths,
+                                   return_all_hiddens=return_all_hiddens, src_structure=src_structure)
+        return self.decoder(
+            prev_output_tokens, encoder_out=encoder_out, features_only=features_only,
+            alignment_layer=alignment_layer, alignment_heads=alignment_heads,
+            src_lengths=src_lengths, return_all_hiddens=return_all_hiddens,
+        )
 
     @classmethod
     def build_encoder(cls, args, src_dict, embed_tokens):

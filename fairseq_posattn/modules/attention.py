@@ -215,15 +215,14 @@ def position_aware_attentions(module: nn.Module) -> List[PositionAwareMultiheadA
 
 
 @contextmanager
-def bound_position_context(
-    attentions: Iterable[PositionAwareMultiheadAttention], ctx: PositionContext
-) -> Iterator[None]:
-    """Bind one batch's :class:`PositionContext` to a side's attention modules for one forward."""
-    attentions = list(attentions)
-    for attention in attentions:
-        attention.position_context = ctx
+def bound_position_context(modules: Iterable[nn.Module], ctx: PositionContext) -> Iterator[None]:
+    """Bind one batch's :class:`PositionContext` to a side's modules (its attention modules, and
+    the side itself where it embeds structural positions) for the duration of one forward."""
+    modules = list(modules)
+    for module in modules:
+        module.position_context = ctx
     try:
         yield
     finally:
-        for attention in attentions:
-            attention.position_context = None
+        for module in modules:
+            module.position_context = None

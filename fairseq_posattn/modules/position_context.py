@@ -23,7 +23,9 @@ class PositionContext:
             (in incremental decoding: every generated token, not only the current step); None when
             the batch has no padding.
         length: number of tokens of the side so far (the key length of self-attention).
-        structural: optional side data of the batch (structural positions), already collated.
+        structural: optional structural side data of the batch, collated like the tokens:
+            ``depth``, ``tin``, ``tout``, each ``(batch, length)`` long (see
+            :func:`structural_relative`).
     """
 
     def __init__(
@@ -41,6 +43,7 @@ class PositionContext:
         self.structural = structural or {}
         self._positions: Optional[Tensor] = None
         self._relative: Dict[Tuple[int, int], Tensor] = {}
+        self._structural_relative: Dict[int, Tensor] = {}
 
     @classmethod
     def from_tokens(
@@ -99,3 +102,38 @@ class PositionContext:
         if self.padding_mask is None:
             return None
         return self.padding_mask[:, self.length - tgt_len : self.length]
+
+    def structural_relative(self, clip: int) -> Tensor:
+        """``(batch, length, length)`` clipped relative structural positions, memoised per clip."""
+        if clip not in self._structural_relative:
+            if not self.structural:
+                raise ValueError(
+                    "structural positions need the parse side data of each sentence: train and "
+                    "translate with --task translation_structural")
+            s = self.structural
+            self._structural_relative[clip] = structural_relative(s["depth"], s["tin"], s["tout"], clip)
+        return self._structural_relative[clip]
+
+
+def structural_relative(depth: Tensor, tin: Tensor, tout: Tensor, clip: int) -> Tensor:
+    """Relative structural positions of a batch (Wang et al. 2019; SPEC.md section 6), vectorised.
+
+    Each token carries its word's tree depth and the entry/exit times ``tin``/``tout`` of that word
+    in a depth-first walk of the parse, so word a is an ancestor of (or is) word b exactly when
+    ``tin[a] <= tin[b]`` and ``tout[b] <= tout[a]``. EOS and pads have ``tin = -1``: on no path.
+
+    ``rel[i, j] = depth_i - depth_j`` if the words of i and j lie on one path to the root (pieces of
+    one word included), else ``sign(i - j) * (depth_i + depth_j)``; clipped to ``[-clip, clip]``.
+    Query-minus-key index order equals token order under any padding, so ``sign(i - j)`` is taken
+    from indices.
+    """
+    length = depth.size(1)
+    special = tin < 0
+    ancestor = (tin[:, :, None] <= tin[:, None, :]) & (tout[:, None, :] <= tout[:, :, None])
+    on_path = (ancestor | ancestor.transpose(1, 2)) & ~special[:, :, None] & ~special[:, None, :]
+    index = torch.arange(length, device=depth.device)
+    sign = torch.sign(index[:, None] - index[None, :])
+    rel = torch.where(
+        on_path, depth[:, :, None] - depth[:, None, :], sign * (depth[:, :, None] + depth[:, None, :])
+    )
+    return rel.clamp(-clip, clip)

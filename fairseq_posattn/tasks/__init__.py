@@ -1,0 +1,1 @@
+from fairseq_posattn.tasks import translation_structural  # noqa: F401

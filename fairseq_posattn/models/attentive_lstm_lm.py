@@ -1,0 +1,496 @@
+"""``attentive_lstm_lm`` (Salton et al. 2017) and ``positional_attentive_lstm_lm`` (Dagan 2019).
+
+Both are LSTM language models that attend over their own past states (SPEC.md section 7).
+Notation: tokens x_1..x_T (fairseq's ``prev_output_tokens``; output t predicts target t), LSTM
+states h_1..h_T of the top layer, H their size, N the position normalizer.
+
+For the prediction after step t the model attends over the *memory* h_1..h_{t-1} (never h_t or a
+later state), then::
+
+    c_t      = sum_{i<t} a_it h_i                    (Dagan eq. 2 / 13; c_1 = 0: empty memory)
+    out_t    = tanh(W_c [c_t ; h_t] + b_c)           (concatenation layer, 2H -> embedding size)
+    logits_t = E out_t + b                           (output embedding E tied to the input one)
+
+Salton (``attentive_lstm_lm``), Dagan eq. 1 and 4::
+
+    score(h_i) = w_2 . tanh(W_1 h_i + b_1)           a_it = softmax_{i<t} score(h_i)
+
+Dagan (``positional_attentive_lstm_lm``), eq. 5-13, with the clamp that eq. 8's text means::
+
+    h~_t       = LSTM_pos(h_1..h_t)                  (position generator, hidden 20)
+    b_t        = [mu_{t-1}, 1/N, t/N]                mu_0 = 0
+    mu_t       = clamp(ReLU(W_mu h~_t + b_mu) . b_t, 0, t/N)
+    sigma_t    = sigmoid(w_sigma . h~_t + b_sigma)
+    gamma_it   = exp(-(i/N - mu_t)^2 / (2 sigma_t^2 + eps)),  normalised over i < t
+
+Choices (SPEC.md section 7 leaves them open; the authors' code, gautierdag/pytorch-attentive-lm,
+decides where it is unambiguous):
+
+* N (``--positional-attention-normalizer``): ``block`` (default) is the fixed block length
+  ``--tokens-per-sample`` of the training run (stored in the checkpoint, so evaluation with another
+  ``--tokens-per-sample`` keeps the trained N). ``sentence`` is the paper's choice, the true length
+  of the row (its non-pad tokens): it **leaks the future** (the output at t depends on how many
+  tokens follow t) and cannot be used for step-by-step generation, which raises. Positions past N
+  (longer inputs than the block, generation) simply give t/N > 1.
+* The normalisation of gamma is computed as a softmax of the Gaussian log-scores, which is the same
+  function as exp(.) / sum exp(.) but never divides 0 by 0 when every exp underflows.
+* W_1, W_mu, w_sigma and the concatenation layer are affine (``nn.Linear`` with bias), as in the
+  authors' code; w_2 has no bias (it would cancel in the softmax). The tied output layer keeps a
+  bias, as the authors' code and the paper's parameter counts (7.06M / 6.9M on PTB) have.
+* Dropout, as in the authors' code: ``--decoder-dropout-in`` on the embeddings,
+  ``--dropout`` between the stacked LSTM layers (what the paper calls the recurrent connections),
+  ``--decoder-dropout-out`` after the concatenation layer. The attention reads the undropped h.
+  Defaults are the paper's 0.5 / 0.2 / 0.5; a ``--dropout`` given on the command line also becomes
+  the default of the other two, as in fairseq's ``lstm_lm``.
+* Initialisation: every weight uniform in [-0.1, 0.1] (the paper; fairseq's LSTM helpers), output
+  bias zero.
+
+Training runs the LSTMs fused over the whole sequence (``nn.LSTM``) and computes every step's
+attention at once with a causal mask; the only loop over time is the scalar mu recurrence,
+vectorised over the batch. Incremental decoding caches the LSTM states, the memory (and Salton's
+scores), mu_{t-1} and the position generator's state.
+"""
+
+import argparse
+from typing import Any, Dict, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from fairseq import utils
+from fairseq.models import (
+    FairseqIncrementalDecoder,
+    FairseqLanguageModel,
+    register_model,
+    register_model_architecture,
+)
+from fairseq.models.lstm import LSTM, Embedding, Linear
+from fairseq.modules import FairseqDropout
+from torch import Tensor, nn
+
+DEFAULT_MAX_TARGET_POSITIONS = int(1e5)
+GAUSSIAN_EPS = 1e-6
+NORMALIZERS = ("block", "sentence")
+
+IncrementalState = Dict[str, Dict[str, Optional[Tensor]]]
+
+
+def causal_memory_attention(logits: Tensor, memory: Tensor, offset: int) -> Tuple[Tensor, Tensor]:
+    """Attend from S steps over the memory, each step only over the states before it.
+
+    Args:
+        logits: B x S x K unnormalised log-weights of the K memory states for S query steps.
+        memory: B x K x H states h_1..h_K.
+        offset: number of steps before the first query: query s is step t = offset + s + 1 and
+            sees h_1..h_{t-1}, i.e. memory index k < offset + s.
+
+    Returns:
+        context c (B x S x H) and weights (B x S x K); a step with an empty memory (t = 1) gets
+        zero weights and c_1 = 0 without evaluating a softmax over nothing (no NaN, forward or
+        backward).
+    """
+    steps, keys = logits.shape[-2:]
+    query = torch.arange(offset, offset + steps, device=logits.device)
+    key = torch.arange(keys, device=logits.device)
+    allowed = key.unsqueeze(0) < query.unsqueeze(1)  # S x K: i < t
+    empty = query == 0
+    # give an empty row one finite entry, then zero the whole row
+    allowed = allowed | (empty.unsqueeze(1) & (key == 0).unsqueeze(0))
+    weights = torch.softmax(logits.masked_fill(~allowed, float("-inf")), dim=-1)
+    weights = weights.masked_fill(empty.unsqueeze(1), 0.0)
+    return torch.bmm(weights, memory), weights
+
+
+class SaltonAttention(nn.Module):
+    """Self-attention over the memory (Salton et al. 2017; Dagan eq. 1, 2, 4).
+
+    ``score(h_i) = w_2 . tanh(W_1 h_i + b_1)``, ``a_it = softmax_{i<t} score(h_i)``,
+    ``c_t = sum_{i<t} a_it h_i``. The score of a state does not depend on t, so it is computed once
+    per state (and cached in incremental decoding).
+    """
+
+    def __init__(self, hidden_size: int) -> None:
+        super().__init__()
+        self.W_1 = Linear(hidden_size, hidden_size)
+        self.w_2 = Linear(hidden_size, 1, bias=False)
+
+    def score(self, h: Tensor) -> Tensor:
+        """B x S x H states -> B x S scores."""
+        return self.w_2(torch.tanh(self.W_1(h))).squeeze(-1)
+
+    def forward(self, memory: Tensor, scores: Tensor, offset: int, steps: int) -> Tuple[Tensor, Tensor]:
+        """Contexts of the last ``steps`` steps given the memory h_1..h_K and its scores (B x K)."""
+        logits = scores.unsqueeze(1).expand(-1, steps, -1)
+        return causal_memory_attention(logits, memory, offset)
+
+
+class PositionalAttention(nn.Module):
+    """Positional attention over the memory (Dagan 2019, eq. 5-13; SPEC.md section 7).
+
+    A position-generator LSTM over the states gives h~_t; ``mu_t = clamp(ReLU(W_mu h~_t) . b_t, 0,
+    t/N)`` with ``b_t = [mu_{t-1}, 1/N, t/N]``; ``sigma_t = sigmoid(w_sigma . h~_t)``; the weight of
+    h_i (i < t) is the Gaussian ``exp(-(i/N - mu_t)^2 / (2 sigma_t^2 + eps))``, normalised over
+    i < t.
+    """
+
+    def __init__(self, hidden_size: int, generator_size: int = 20, eps: float = GAUSSIAN_EPS) -> None:
+        super().__init__()
+        self.position_generator = LSTM(hidden_size, generator_size, batch_first=True)
+        self.W_mu = Linear(generator_size, 3)
+        self.w_sigma = Linear(generator_size, 1)
+        self.eps = eps
+
+    def generate(
+        self, h: Tensor, state: Optional[Tuple[Tensor, Tensor]] = None
+    ) -> Tuple[Tensor, Tensor, Tuple[Tensor, Tensor]]:
+        """Position generator (eq. 5, 7, 9): B x S x H -> mu weights (B x S x 3, after the ReLU),
+        sigma (B x S) and the generator's final (h, c)."""
+        h_tilde, state = self.position_generator(h, state)
+        mu_weights = F.relu(self.W_mu(h_tilde))
+        sigma = torch.sigmoid(self.w_sigma(h_tilde)).squeeze(-1)
+        return mu_weights, sigma, state
+
+    @staticmethod
+    def recur_mu(mu_weights: Tensor, prev_mu: Tensor, normalizer: Tensor, offset: int) -> Tensor:
+        """mu_t = clamp(mu_weights_t . [mu_{t-1}, 1/N, t/N], 0, t/N) for t = offset+1..offset+S
+        (eq. 6, 8). The only loop over time; each iteration is one vector op over the batch.
+
+        mu_weights: B x S x 3; prev_mu: B (mu_offset, 0 at the start); normalizer: B x 1.
+        Returns B x S."""
+        steps = mu_weights.size(1)
+        t = torch.arange(offset + 1, offset + steps + 1, device=mu_weights.device, dtype=mu_weights.dtype)
+        t_over_n = t.unsqueeze(0) / normalizer  # B x S
+        # the building blocks 1/N and t/N do not depend on mu: take them out of the loop
+        known = mu_weights[..., 1] / normalizer + mu_weights[..., 2] * t_over_n
+        carry = mu_weights[..., 0]
+        mus = []
+        mu = prev_mu
+        for s in range(steps):
+            mu = (carry[:, s] * mu + known[:, s]).clamp(min=0.0)
+            mus.append(mu)
+        return torch.stack(mus, dim=1)
+
+    def forward(
+        self,
+        h: Tensor,
+        memory: Tensor,
+        offset: int,
+        normalizer: Tensor,
+        prev_mu: Optional[Tensor] = None,
+        generator_state: Optional[Tuple[Tensor, Tensor]] = None,
+    ) -> Tuple[Tensor, Tensor, Tensor, Tuple[Tensor, Tensor]]:
+        """Contexts of the S new steps.
+
+        Args:
+            h: B x S x H new states (steps offset+1..offset+S).
+            memory: B x K x H all states so far (K = offset + S; the last S are ``h``).
+            offset: steps before ``h``.
+            normalizer: B x 1 N.
+            prev_mu: B, mu_offset (None: mu_0 = 0).
+            generator_state: the position generator's (h, c) after step ``offset``.
+
+        Returns:
+            context (B x S x H), weights (B x S x K), mu (B x S), generator state.
+        """
+        mu_weights, sigma, generator_state = self.generate(h, generator_state)
+        if prev_mu is None:
+            prev_mu = h.new_zeros(h.size(0))
+        mu = self.recur_mu(mu_weights, prev_mu, normalizer, offset)
+        position = torch.arange(1, memory.size(1) + 1, device=h.device, dtype=h.dtype)
+        position = position.unsqueeze(0) / normalizer  # B x K: p_i = i / N (eq. 12)
+        distance = position.unsqueeze(1) - mu.unsqueeze(2)  # B x S x K
+        log_gamma = -distance.pow(2) / (2 * sigma.pow(2).unsqueeze(2) + self.eps)  # eq. 10
+        context, weights = causal_memory_attention(log_gamma, memory, offset)  # eq. 11, 13
+        return context, weights, mu, generator_state
+
+
+class AttentiveLSTMDecoder(FairseqIncrementalDecoder):
+    """Multi-layer LSTM, attention over its own past top-layer states, concatenation layer, tied
+    output embedding (see the module docstring for the equations)."""
+
+    def __init__(
+        self,
+        dictionary: Any,
+        attention: str = "salton",
+        embed_dim: int = 400,
+        hidden_size: int = 400,
+        out_embed_dim: int = 400,
+        num_layers: int = 2,
+        dropout_in: float = 0.5,
+        dropout_hidden: float = 0.2,
+        dropout_out: float = 0.5,
+        share_input_output_embed: bool = True,
+        pretrained_embed: Optional[nn.Embedding] = None,
+        positional_attention_hidden: int = 20,
+        positional_attention_normalizer: str = "block",
+        block_length: Optional[int] = None,
+        max_target_positions: int = DEFAULT_MAX_TARGET_POSITIONS,
+    ) -> None:
+        super().__init__(dictionary)
+        if attention not in ("salton", "positional"):
+            raise ValueError(f"unknown attention {attention!r}")
+        if positional_attention_normalizer not in NORMALIZERS:
+            raise ValueError(
+                f"--positional-attention-normalizer must be one of {NORMALIZERS}, "
+                f"not {positional_attention_normalizer!r}")
+        if attention == "positional" and positional_attention_normalizer == "block" and not block_length:
+            raise ValueError("the block normalizer needs the block length (--tokens-per-sample)")
+        if share_input_output_embed and out_embed_dim != embed_dim:
+            raise ValueError(
+                "--share-decoder-input-output-embed requires --decoder-embed-dim to match "
+                "--decoder-out-embed-dim")
+        self.attention_type = attention
+        self.hidden_size = hidden_size
+        self.num_layers = num_layers
+        self.share_input_output_embed = share_input_output_embed
+        self.normalizer_type = positional_attention_normalizer
+        self.block_length = block_length
+        self.max_target_positions = max_target_positions
+
+        padding_idx = dictionary.pad()
+        self.padding_idx = padding_idx
+        if pretrained_embed is None:
+            self.embed_tokens = Embedding(len(dictionary), embed_dim, padding_idx)
+        else:
+            self.embed_tokens = pretrained_embed
+        self.dropout_in_module = FairseqDropout(dropout_in, module_name=self.__class__.__name__)
+        self.dropout_out_module = FairseqDropout(dropout_out, module_name=self.__class__.__name__)
+        self.lstm = LSTM(
+            embed_dim, hidden_size, num_layers=num_layers, batch_first=True,
+            dropout=dropout_hidden if num_layers > 1 else 0.0,
+        )
+        if attention == "salton":
+            self.attention = SaltonAttention(hidden_size)
+        else:
+            self.attention = PositionalAttention(hidden_size, positional_attention_hidden)
+        self.concat_proj = Linear(2 * hidden_size, out_embed_dim)
+        if share_input_output_embed:
+            self.output_bias = nn.Parameter(torch.zeros(len(dictionary)))
+        else:
+            self.fc_out = Linear(out_embed_dim, len(dictionary))
+            nn.init.zeros_(self.fc_out.bias)
+
+    # ------------------------------------------------------------------ forward
+    def forward(
+        self,
+        prev_output_tokens: Tensor,
+        encoder_out: Optional[Any] = None,
+        incremental_state: Optional[IncrementalState] = None,
+        src_lengths: Optional[Tensor] = None,
+        **unused: Any,
+    ) -> Tuple[Tensor, Dict[str, Any]]:
+        x, extra = self.extract_features(prev_output_tokens, incremental_state=incremental_state)
+        return self.output_layer(x), extra
+
+    def normalizer(self, tokens: Tensor) -> Tensor:
+        """N as a B x 1 tensor: the block length, or (leaking) each row's number of real tokens."""
+        if self.normalizer_type == "sentence":
+            length = tokens.ne(self.padding_idx).sum(dim=1, keepdim=True).clamp(min=1)
+            return length.to(torch.get_default_dtype())
+        return torch.full((tokens.size(0), 1), float(self.block_length), device=tokens.device)
+
+    def extract_features(
+        self,
+        prev_output_tokens: Tensor,
+        encoder_out: Optional[Any] = None,
+        incremental_state: Optional[IncrementalState] = None,
+        **unused: Any,
+    ) -> Tuple[Tensor, Dict[str, Any]]:
+        """Features (B x T x out_embed_dim) before the output projection.
+
+        With ``incremental_state``, ``prev_output_tokens`` holds every token so far and only those
+        not yet seen (normally the last one) are computed, from the cached state.
+        """
+        cached = self.get_incremental_state(incremental_state, "cached_state") if incremental_state is not None else None
+        if incremental_state is not None and self.attention_type == "positional" and self.normalizer_type == "sentence":
+            raise ValueError(
+                "--positional-attention-normalizer sentence uses the length of the whole sentence "
+                "(it leaks the future) and cannot decode step by step; train with the default "
+                "'block' normalizer to generate")
+        offset = 0 if cached is None else cached["memory"].size(1)
+        tokens = prev_output_tokens[:, offset:]
+        if tokens.size(1) == 0:
+            raise ValueError(f"incremental decoding: no new token after the {offset} cached ones")
+        steps = tokens.size(1)
+
+        x = self.dropout_in_module(self.embed_tokens(tokens))
+        lstm_state = None if cached is None else (cached["hidden"], cached["cell"])
+        h, (hidden, cell) = self.lstm(x, lstm_state)  # B x S x H; the whole sequence at once
+        memory = h if cached is None else torch.cat([cached["memory"], h], dim=1)
+
+        new_state: Dict[str, Optional[Tensor]] = {"hidden": hidden, "cell": cell, "memory": memory}
+        if self.attention_type == "salton":
+            scores = self.attention.score(h)
+            if cached is not None:
+                scores = torch.cat([cached["scores"], scores], dim=1)
+            context, weights = self.attention(memory, scores, offset, steps)
+            new_state["scores"] = scores
+        else:
+            normalizer = self.normalizer(prev_output_tokens).to(h)
+            generator_state = None if cached is None else (cached["generator_hidden"], cached["generator_cell"])
+            prev_mu = None if cached is None else cached["mu"]
+            context, weights, mu, (gen_h, gen_c) = self.attention(
+                h, memory, offset, normalizer, prev_mu, generator_state)
+            new_state.update({"mu": mu[:, -1], "generator_hidden": gen_h, "generator_cell": gen_c})
+
+        if incremental_state is not None:
+            self.set_incremental_state(incremental_state, "cached_state", new_state)
+
+        out = torch.tanh(self.concat_proj(torch.cat([context, h], dim=-1)))
+        out = self.dropout_out_module(out)
+        # "attn" stays None: fairseq's generator reads it as attention over a *source*
+        return out, {"attn": [None], "memory_attention": weights}
+
+    def output_layer(self, features: Tensor) -> Tensor:
+        """Tied (or untied) projection to the vocabulary."""
+        if self.share_input_output_embed:
+            return F.linear(features, self.embed_tokens.weight, self.output_bias)
+        return self.fc_out(features)
+
+    # ------------------------------------------------------------------ incremental state
+    def reorder_incremental_state(self, incremental_state: IncrementalState, new_order: Tensor) -> None:
+        cached = self.get_incremental_state(incremental_state, "cached_state")
+        if cached is None:
+            return
+        batch_dim = {"hidden": 1, "cell": 1, "generator_hidden": 1, "generator_cell": 1}
+        reordered: Dict[str, Optional[Tensor]] = {}
+        for key, value in cached.items():
+            reordered[key] = None if value is None else value.index_select(batch_dim.get(key, 0), new_order)
+        self.set_incremental_state(incremental_state, "cached_state", reordered)
+
+    def max_positions(self) -> int:
+        return self.max_target_positions
+
+
+def _add_lstm_lm_args(parser: argparse.ArgumentParser) -> None:
+    # fmt: off
+    parser.add_argument('--dropout', type=float, metavar='D',
+                        help='dropout between the stacked LSTM layers (the paper\'s "recurrent '
+                             'connections"), and the default of --decoder-dropout-in/-out when '
+                             'given (default: 0.2 between layers, 0.5 in and out, the paper\'s)')
+    parser.add_argument('--decoder-embed-dim', type=int, metavar='N',
+                        help='embedding dimension (default: 400)')
+    parser.add_argument('--decoder-embed-path', type=str, metavar='STR',
+                        help='path to pre-trained decoder embedding')
+    parser.add_argument('--decoder-hidden-size', type=int, metavar='N',
+                        help='LSTM hidden size (default: --decoder-embed-dim)')
+    parser.add_argument('--decoder-layers', type=int, metavar='N',
+                        help='number of stacked LSTM layers (default: 2)')
+    parser.add_argument('--decoder-out-embed-dim', type=int, metavar='N',
+                        help='output of the concatenation layer [c_t; h_t] -> this size; must equal '
+                             '--decoder-embed-dim when tied (default: --decoder-embed-dim)')
+    parser.add_argument('--decoder-dropout-in', type=float, metavar='D',
+                        help='dropout on the input embeddings (default: --dropout if given, else 0.5)')
+    parser.add_argument('--decoder-dropout-out', type=float, metavar='D',
+                        help='dropout after the concatenation layer, before the output embedding '
+                             '(default: --dropout if given, else 0.5)')
+    parser.add_argument('--share-decoder-input-output-embed', action=argparse.BooleanOptionalAction,
+                        help='tie the output embedding to the input embedding (default: tied, as '
+                             'the paper; --no-share-decoder-input-output-embed unties)')
+    # fmt: on
+
+
+def _add_positional_args(parser: argparse.ArgumentParser) -> None:
+    # fmt: off
+    parser.add_argument('--positional-attention-hidden', type=int, metavar='N',
+                        help='hidden size of the position-generator LSTM (default: 20)')
+    parser.add_argument('--positional-attention-normalizer', choices=NORMALIZERS,
+                        help='N in the positions i/N and t/N: "block" = --tokens-per-sample of the '
+                             'training run (default, causal); "sentence" = the true length of each '
+                             'sentence, the paper\'s choice, which LEAKS THE FUTURE (outputs depend '
+                             'on the number of tokens that follow) and cannot generate step by step')
+    # fmt: on
+
+
+@register_model("attentive_lstm_lm")
+class AttentiveLSTMLanguageModel(FairseqLanguageModel):
+    """Attentive LSTM language model (Salton et al. 2017), sizes of Dagan 2019 by default."""
+
+    attention_type = "salton"
+
+    def __init__(self, decoder: AttentiveLSTMDecoder) -> None:
+        super().__init__(decoder)
+
+    @staticmethod
+    def add_args(parser: argparse.ArgumentParser) -> None:
+        """Add model-specific arguments to the parser."""
+        _add_lstm_lm_args(parser)
+
+    @classmethod
+    def build_model(cls, args: Any, task: Any) -> "AttentiveLSTMLanguageModel":
+        """Build a new model instance (as fairseq's ``lstm_lm``)."""
+        if cls.attention_type == "positional":
+            positional_attentive_lstm_lm(args)
+        else:
+            attentive_lstm_lm(args)
+        task_cfg = getattr(task, "args", None) or getattr(task, "cfg", None)
+        # the training run's block length is in the model args (and so in the checkpoint)
+        block_length = getattr(args, "tokens_per_sample", None) or getattr(task_cfg, "tokens_per_sample", None)
+        max_target_positions = getattr(args, "max_target_positions", None) or block_length or DEFAULT_MAX_TARGET_POSITIONS
+
+        dictionary = task.target_dictionary
+        pretrained_embed = None
+        if args.decoder_embed_path:
+            embed = Embedding(len(dictionary), args.decoder_embed_dim, dictionary.pad())
+            embed_dict = utils.parse_embedding(args.decoder_embed_path)
+            utils.print_embed_overlap(embed_dict, dictionary)
+            pretrained_embed = utils.load_embedding(embed_dict, dictionary, embed)
+
+        if args.share_decoder_input_output_embed and task.source_dictionary != task.target_dictionary:
+            raise ValueError("--share-decoder-input-output-embed requires a joint dictionary")
+
+        decoder = AttentiveLSTMDecoder(
+            dictionary,
+            attention=cls.attention_type,
+            embed_dim=args.decoder_embed_dim,
+            hidden_size=args.decoder_hidden_size,
+            out_embed_dim=args.decoder_out_embed_dim,
+            num_layers=args.decoder_layers,
+            dropout_in=args.decoder_dropout_in,
+            dropout_hidden=args.dropout,
+            dropout_out=args.decoder_dropout_out,
+            share_input_output_embed=args.share_decoder_input_output_embed,
+            pretrained_embed=pretrained_embed,
+            positional_attention_hidden=getattr(args, "positional_attention_hidden", 20),
+            positional_attention_normalizer=getattr(args, "positional_attention_normalizer", "block"),
+            block_length=block_length,
+            max_target_positions=int(max_target_positions),
+        )
+        return cls(decoder)
+
+
+@register_model("positional_attentive_lstm_lm")
+class PositionalAttentiveLSTMLanguageModel(AttentiveLSTMLanguageModel):
+    """Positional attentive LSTM language model (Dagan 2019)."""
+
+    attention_type = "positional"
+
+    @staticmethod
+    def add_args(parser: argparse.ArgumentParser) -> None:
+        """Add model-specific arguments to the parser."""
+        _add_lstm_lm_args(parser)
+        _add_positional_args(parser)
+
+
+@register_model_architecture("attentive_lstm_lm", "attentive_lstm_lm")
+def attentive_lstm_lm(args: Any) -> None:
+    """The paper's sizes: embeddings and two LSTM layers of 400, tied, dropout 0.5 / 0.2 / 0.5."""
+    dropout = getattr(args, "dropout", None)
+    args.dropout = 0.2 if dropout is None else dropout
+    args.decoder_embed_dim = getattr(args, "decoder_embed_dim", 400)
+    args.decoder_embed_path = getattr(args, "decoder_embed_path", None)
+    args.decoder_hidden_size = getattr(args, "decoder_hidden_size", args.decoder_embed_dim)
+    args.decoder_layers = getattr(args, "decoder_layers", 2)
+    args.decoder_out_embed_dim = getattr(args, "decoder_out_embed_dim", args.decoder_embed_dim)
+    for name in ("decoder_dropout_in", "decoder_dropout_out"):
+        if getattr(args, name, None) is None:
+            setattr(args, name, 0.5 if dropout is None else dropout)
+    if getattr(args, "share_decoder_input_output_embed", None) is None:
+        args.share_decoder_input_output_embed = True
+
+
+@register_model_architecture("positional_attentive_lstm_lm", "positional_attentive_lstm_lm")
+def positional_attentive_lstm_lm(args: Any) -> None:
+    """:func:`attentive_lstm_lm` plus a position generator of 20 and the causal block normalizer."""
+    attentive_lstm_lm(args)
+    args.positional_attention_hidden = getattr(args, "positional_attention_hidden", 20)
+    args.positional_attention_normalizer = getattr(args, "positional_attention_normalizer", "block")
