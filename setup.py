@@ -11,5 +11,10 @@ setup(
     # fairseq==0.12.2 on older Pythons): both import as `fairseq`, so it is not pinned here.
     install_requires=["numpy", "torch", "sacrebleu", "sacremoses", "subword-nmt", "conllu", "tqdm",
                       "matplotlib"],
-    entry_points={"console_scripts": []},
+    entry_points={"console_scripts": [
+        "posattn-prepare-translation = fairseq_posattn.cli.prepare_translation:main",
+        "posattn-score = fairseq_posattn.cli.score:main",
+        "posattn-parse = fairseq_posattn.cli.parse:main",
+        "posattn-prepare-structure = fairseq_posattn.cli.prepare_structure:main",
+    ]},
 )

@@ -12,13 +12,10 @@ from typing import List
 import pytest
 import torch
 
-from fairseq_posattn.data.text_pipeline import prepare_translation_corpus
+from cli_helpers import binarize, hypotheses, prepare_sample, run, run_failing
 from model_helpers import REPO, USER_DIR
 
 pytestmark = pytest.mark.slow
-
-SAMPLE = os.path.join(REPO, "data", "multi30k_sample")
-BIN = os.path.dirname(sys.executable)
 
 MODEL = [
     "--user-dir", USER_DIR, "--arch", "transformer_posattn",
@@ -41,26 +38,13 @@ TRAINING = [
 ]
 
 
-def run(tool: str, args: List[str], **kwargs) -> subprocess.CompletedProcess:
-    """Run a console tool of the virtualenv; fail with its output if it fails."""
-    result = subprocess.run([os.path.join(BIN, tool), *args], capture_output=True, text=True,
-                            cwd=kwargs.pop("cwd", REPO), **kwargs)
-    assert result.returncode == 0, f"{tool} failed:\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}"
-    return result
-
-
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
     """Tokenized, BPE-split and binarized first 300 lines of each split of the shipped sample."""
     root = tmp_path_factory.mktemp("multi30k")
-    prepared = str(root / "prepared")
-    prepare_translation_corpus(SAMPLE, prepared, "en", "de", bpe_merges=800, max_lines=300)
+    prepared = prepare_sample(str(root))
     data_bin = str(root / "data-bin")
-    run("fairseq-preprocess", [
-        "--source-lang", "en", "--target-lang", "de", "--joined-dictionary", "--workers", "1",
-        "--trainpref", f"{prepared}/train.bpe", "--validpref", f"{prepared}/valid.bpe",
-        "--testpref", f"{prepared}/test.bpe", "--destdir", data_bin,
-    ])
+    binarize(prepared, data_bin)
     return {"prepared": prepared, "data_bin": data_bin, "root": root}
 
 
@@ -71,15 +55,6 @@ def trained(corpus):
                                 "--max-update", "6", "--save-dir", save_dir]).stdout
     assert "done training" in log and os.path.exists(f"{save_dir}/checkpoint_last.pt")
     return save_dir
-
-
-def hypotheses(generate_output: str):
-    found = {}
-    for line in generate_output.splitlines():
-        if line.startswith("H-"):
-            ident, _score, text = line.split("\t")
-            found[int(ident[2:])] = text
-    return found
 
 
 def test_generate_translates_every_test_sentence_from_a_fresh_process(corpus, trained):
@@ -143,12 +118,18 @@ def test_loaded_model_runs_our_attention_in_eval_mode(trained):
     assert not torch.allclose(before, after)
 
 
+def test_help_lists_the_position_options():
+    out = run("fairseq-train", ["unused", "--user-dir", USER_DIR, "--arch", "transformer_posattn", "-h"]).stdout
+    for option in ("--encoder-direct-position ", "--decoder-conv-attention ", "--encoder-distance-aware",
+                   "--decoder-relative-positions", "--encoder-structural-positions"):
+        assert option in out
+
+
 def test_unknown_combination_fails_at_start_up_with_the_fix(corpus, tmp_path):
-    result = subprocess.run([
-        os.path.join(BIN, "fairseq-train"), corpus["data_bin"], *MODEL, *TRAINING,
+    result = run_failing("fairseq-train", [
+        corpus["data_bin"], *MODEL, *TRAINING,
         "--encoder-direct-position-layers", "all", "--max-update", "1", "--save-dir", str(tmp_path),
-    ], capture_output=True, text=True, cwd=REPO)
-    assert result.returncode != 0
+    ])
     assert "--encoder-direct-position-layers all has no effect without --encoder-direct-position" in result.stderr
 
 

@@ -29,16 +29,21 @@ class StructuralLanguagePairDataset(BaseWrapperDataset):
         batch = self.dataset.collater(samples)
         if len(batch) == 0:
             return batch
-        src_tokens = batch["net_input"]["src_tokens"]
-        structure = src_tokens.new_empty((src_tokens.size(0), 3, src_tokens.size(1)))
-        structure[:] = torch.tensor(STRUCTURE_PAD).view(1, 3, 1)
         by_id = {sample["id"]: sample["structure"] for sample in samples}
-        for row, sample_id in enumerate(batch["id"].tolist()):
-            side = by_id[sample_id]
-            n = side.size(1)
-            if self.dataset.left_pad_source:
-                structure[row, :, src_tokens.size(1) - n:] = side
-            else:
-                structure[row, :, :n] = side
-        batch["net_input"]["src_structure"] = structure
+        batch["net_input"]["src_structure"] = collate_structure(
+            [by_id[i] for i in batch["id"].tolist()], batch["net_input"]["src_tokens"],
+            self.dataset.left_pad_source)
         return batch
+
+
+def collate_structure(structures: List[torch.Tensor], src_tokens: torch.Tensor, left_pad: bool) -> torch.Tensor:
+    """``(batch, 3, src_len)`` side data, row r from ``structures[r]``, padded as the tokens are."""
+    length = src_tokens.size(1)
+    out = torch.tensor(STRUCTURE_PAD, device=src_tokens.device).view(1, 3, 1).repeat(len(structures), 1, length)
+    for row, side in enumerate(structures):
+        n = side.size(1)
+        if left_pad:
+            out[row, :, length - n:] = side
+        else:
+            out[row, :, :n] = side
+    return out

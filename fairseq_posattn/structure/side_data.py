@@ -9,7 +9,7 @@ relative structural position of a batch at once
 fairseq-preprocess appends gets ``abs = 1 + max abs`` and ``tin = tout = -1`` (on no path).
 """
 
-from typing import List, Sequence, Tuple
+from typing import List, Sequence
 
 import numpy as np
 
@@ -19,29 +19,39 @@ from fairseq_posattn.structure.tree import tree_depths
 DEPTH, TIN, TOUT = 0, 1, 2
 
 
-def euler_times(heads: Sequence[int]) -> Tuple[np.ndarray, np.ndarray]:
-    """Entry and exit times of every word in a depth-first walk of the (valid) tree or forest."""
+def tree_walk(heads: Sequence[int]) -> np.ndarray:
+    """``(3, n)`` depth, entry time and exit time of every word, in one depth-first walk of the forest.
+
+    A bad tree (head out of range, a cycle, no root) leaves words unreached or out of range; then
+    :func:`~fairseq_posattn.structure.tree_depths` raises its ValueError that names the problem.
+    """
     n = len(heads)
     children: List[List[int]] = [[] for _ in range(n + 1)]  # 0 = virtual root of the forest
-    for word, head in enumerate(heads, start=1):
-        children[head].append(word)
-    tin = np.empty(n + 1, dtype=np.int64)
-    tout = np.empty(n + 1, dtype=np.int64)
+    try:
+        for word, head in enumerate(heads, start=1):
+            children[head].append(word)
+    except (IndexError, TypeError):
+        tree_depths(heads)
+        raise
+    depth, tin, tout = [-1] * (n + 1), [0] * (n + 1), [0] * (n + 1)
+    depth[0] = -1
     clock = 0
-    stack = [(0, iter(children[0]))]
-    tin[0] = clock
+    stack = [0]  # node to enter, or ~node to leave
     while stack:
-        node, pending = stack[-1]
-        child = next(pending, None)
-        if child is None:
-            stack.pop()
-            clock += 1
-            tout[node] = clock
-        else:
-            clock += 1
-            tin[child] = clock
-            stack.append((child, iter(children[child])))
-    return tin[1:], tout[1:]
+        node = stack.pop()
+        clock += 1
+        if node < 0:
+            tout[~node] = clock
+            continue
+        tin[node] = clock
+        stack.append(~node)
+        for child in reversed(children[node]):
+            depth[child] = depth[node] + 1
+            stack.append(child)
+    if min(depth[1:], default=0) < 0:  # unreached: a cycle, or no root
+        tree_depths(heads)
+        raise ValueError(f"malformed dependency tree (heads {list(heads)})")
+    return np.array([depth, tin, tout], dtype=np.int32)[:, 1:]
 
 
 def token_side_data(heads: Sequence[int], piece_to_word: np.ndarray, append_eos: bool = True) -> np.ndarray:
@@ -50,10 +60,10 @@ def token_side_data(heads: Sequence[int], piece_to_word: np.ndarray, append_eos:
     ``heads`` are the words' CoNLL-U heads (validated: a bad tree raises ValueError naming it);
     ``piece_to_word`` the 0-based word of every piece (:func:`~fairseq_posattn.structure.alignment.align_pieces`).
     """
-    depth = np.asarray(tree_depths(heads), dtype=np.int64)
-    tin, tout = euler_times(heads)
-    words = np.stack([depth, tin, tout])[:, piece_to_word]
-    if not append_eos:
-        return words.astype(np.int32)
-    eos = np.array([[depth.max(initial=-1) + 1], [-1], [-1]])
-    return np.concatenate([words, eos], axis=1).astype(np.int32)
+    walk = tree_walk(heads)
+    m = len(piece_to_word)
+    side = np.empty((3, m + 1 if append_eos else m), dtype=np.int32)
+    side[:, :m] = walk[:, piece_to_word]
+    if append_eos:
+        side[:, m] = (walk[DEPTH].max(initial=-1) + 1, -1, -1)
+    return side

@@ -9,7 +9,7 @@ on the fly with the chosen parser. The side data reaches the encoder as ``src_st
 import logging
 import os
 from dataclasses import dataclass, field
-from typing import List, Optional
+from typing import Dict, List, Tuple
 
 import numpy as np
 import torch
@@ -19,7 +19,7 @@ from fairseq.dataclass import ChoiceEnum
 from fairseq.tasks import register_task
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
 
-from fairseq_posattn.data.structural_dataset import StructuralLanguagePairDataset
+from fairseq_posattn.data.structural_dataset import StructuralLanguagePairDataset, collate_structure
 from fairseq_posattn.structure.alignment import align_pieces
 from fairseq_posattn.structure.side_data import token_side_data
 
@@ -52,6 +52,7 @@ class TranslationStructuralTask(TranslationTask):
         refuse_misaligning_options(cfg)
         self._parser = None
         self._inference_structure: List[torch.Tensor] = []
+        self._inference_lookup: Dict[Tuple[int, ...], torch.Tensor] = {}
 
     def load_dataset(self, split: str, epoch: int = 1, combine: bool = False, **kwargs):
         super().load_dataset(split, epoch=epoch, combine=combine, **kwargs)
@@ -86,7 +87,20 @@ class TranslationStructuralTask(TranslationTask):
             raise RuntimeError(
                 "translation_structural builds inference data from get_interactive_tokens_and_lengths; "
                 f"got {len(src_tokens)} sentences but {len(structure)} parses")
+        self._inference_lookup = {tuple(t.tolist()): s for t, s in zip(src_tokens, structure)}
         return StructuralLanguagePairDataset(dataset, structure)
+
+    def inference_step(self, generator, models, sample, prefix_tokens=None, constraints=None):
+        """fairseq-interactive rebuilds ``net_input`` from tokens and lengths only: put the side
+        data of this batch's sentences (found by their tokens) back in."""
+        net_input = sample["net_input"]
+        if "src_structure" not in net_input and self._inference_lookup:
+            src_tokens = net_input["src_tokens"]
+            pad = self.source_dictionary.pad()
+            rows = [self._inference_lookup[tuple(row[row.ne(pad)].tolist())] for row in src_tokens.cpu()]
+            net_input["src_structure"] = collate_structure(rows, src_tokens, left_pad=bool(src_tokens[:, 0].eq(pad).any()))
+        return super().inference_step(generator, models, sample, prefix_tokens=prefix_tokens,
+                                      constraints=constraints)
 
     @property
     def parser(self):

@@ -1,0 +1,88 @@
+"""Write the structural side data of one split next to fairseq-preprocess's output.
+
+For sentence k: the parse (words, heads) from CoNLL-U and line k of the BPE text that
+fairseq-preprocess binarized; the pieces are aligned to the words, and ``(3, pieces + 1)`` int32
+values (depth, tin, tout; :mod:`fairseq_posattn.structure.side_data`) are stored as one item of a
+fairseq mmap indexed dataset. The counts are checked against the binarized source; the output is
+written under temporary names and renamed only when complete.
+"""
+
+import logging
+import os
+from typing import Iterable, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+from fairseq.data.indexed_dataset import MMapIndexedDatasetBuilder, data_file_path, index_file_path
+from tqdm import tqdm
+
+from fairseq_posattn.structure.alignment import align_pieces
+from fairseq_posattn.structure.side_data import token_side_data
+
+logger = logging.getLogger(__name__)
+
+#: (words, heads, CoNLL-U line number where the sentence starts)
+ParsedSentence = Tuple[Sequence[str], Sequence[int], int]
+
+
+def write_side_data(
+    parses: Iterable[ParsedSentence],
+    bpe_path: str,
+    out_prefix: str,
+    conllu_path: str = "<parses>",
+    expected_sizes: Optional[np.ndarray] = None,
+) -> int:
+    """Align, compute and binarize; return the number of sentences written.
+
+    ``expected_sizes`` are the binarized source lengths (EOS included), checked sentence by sentence.
+    Raises ValueError naming the file and line of the first mismatch.
+    """
+    tmp_prefix = f"{out_prefix}.tmp{os.getpid()}"
+    builder = MMapIndexedDatasetBuilder(data_file_path(tmp_prefix), dtype=np.int32)
+    count = 0
+    try:
+        with open(bpe_path, encoding="utf-8") as bpe:
+            for count, (line, parse) in enumerate(_paired(bpe, parses, bpe_path, conllu_path), start=1):
+                words, heads, conllu_line = parse
+                where = f"{bpe_path}:{count} / {conllu_path}:{conllu_line}"
+                try:
+                    side = token_side_data(heads, align_pieces(line, words, where=where))
+                except ValueError as error:
+                    raise ValueError(f"{where}: {error}") from None
+                _check_size(side.shape[1], expected_sizes, count, where)
+                builder.add_item(torch.from_numpy(side.ravel()))
+        if expected_sizes is not None and count != len(expected_sizes):
+            raise ValueError(f"{bpe_path}: {count} sentences, but the binarized source has "
+                             f"{len(expected_sizes)}: use the BPE file that fairseq-preprocess read")
+        builder.finalize(index_file_path(tmp_prefix))
+        for path in (data_file_path, index_file_path):
+            os.replace(path(tmp_prefix), path(out_prefix))
+    finally:
+        for path in (data_file_path(tmp_prefix), index_file_path(tmp_prefix)):
+            if os.path.exists(path):
+                os.remove(path)
+    logger.info("wrote structural side data of %d sentences to %s.{bin,idx}", count, out_prefix)
+    return count
+
+
+def _paired(bpe_lines: Iterable[str], parses: Iterable[ParsedSentence], bpe_path: str, conllu_path: str):
+    """Yield (BPE line, parse) pairs; a different number of sentences is an error naming both files."""
+    parses = iter(parses)
+    for number, line in enumerate(tqdm(bpe_lines, desc="structure", unit=" sent", mininterval=2), start=1):
+        parse = next(parses, None)
+        if parse is None:
+            raise ValueError(f"{conllu_path} has {number - 1} sentences but {bpe_path} has more lines: "
+                             "parse every line of the tokenized text the BPE was applied to")
+        yield line, parse
+    if next(parses, None) is not None:
+        raise ValueError(f"{conllu_path} has more sentences than the {bpe_path} has lines")
+
+
+def _check_size(tokens: int, expected_sizes: Optional[np.ndarray], number: int, where: str) -> None:
+    if expected_sizes is None:
+        return
+    if number > len(expected_sizes):
+        raise ValueError(f"{where}: more sentences than the binarized source ({len(expected_sizes)})")
+    if tokens != expected_sizes[number - 1]:
+        raise ValueError(f"{where}: {tokens - 1} pieces + EOS, but the binarized source sentence has "
+                         f"{expected_sizes[number - 1]} tokens: use the BPE file that fairseq-preprocess read")
