@@ -16,5 +16,7 @@ setup(
         "posattn-score = fairseq_posattn.cli.score:main",
         "posattn-parse = fairseq_posattn.cli.parse:main",
         "posattn-prepare-structure = fairseq_posattn.cli.prepare_structure:main",
+        "posattn-compare = fairseq_posattn.cli.compare:main",
+        "posattn-inspect = fairseq_posattn.cli.inspect:main",
     ]},
 )

@@ -76,6 +76,10 @@ class PositionAwareMultiheadAttention(MultiheadAttention):
         self.post_softmax_term = terms.post_softmax
         self.temperature = terms.temperature
         self.position_context: Optional[PositionContext] = None
+        #: inspection (``posattn-inspect``): keep the last pass's softmax matrix S, before any
+        #: post-softmax transform, in ``last_softmax`` (batch x heads x tgt x src)
+        self.keep_attention_maps = False
+        self.last_softmax: Optional[Tensor] = None
 
     # ----------------------------------------------------------------- projections
     def _project(self, x: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
@@ -196,6 +200,7 @@ class PositionAwareMultiheadAttention(MultiheadAttention):
         probs = torch.softmax(logits.float() if upcast else logits, dim=-1).type_as(logits)
 
         rows: Optional[Tensor] = None
+        self.last_softmax = probs.detach() if self.keep_attention_maps else None
         if self.post_softmax_term is not None:
             blocked = torch.isneginf(logits)
             query_padding = ctx.query_padding_mask(tgt_len)
