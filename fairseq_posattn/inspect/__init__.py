@@ -1,0 +1,10 @@
+"""Look inside a trained model: attention maps, learned position parameters, structural positions.
+
+:mod:`~fairseq_posattn.inspect.capture` runs a loaded model once on one sentence and collects the
+numbers; :mod:`~fairseq_posattn.inspect.plots` draws them; ``posattn-inspect``
+(:mod:`fairseq_posattn.cli.inspect`) does both from the command line.
+"""
+
+from fairseq_posattn.inspect.capture import KINDS, Inspection, inspect_model
+
+__all__ = ["KINDS", "Inspection", "inspect_model"]

@@ -1,0 +1,278 @@
+"""``posattn-inspect`` on tiny checkpoints trained by the real ``fairseq-train``: every plot kind is
+drawn and opens, and the JSON numbers equal the models' own attention probabilities, recomputed here
+from the layers' inputs (``return_all_hiddens``) and fairseq's own cross-attention output."""
+
+import json
+import os
+from typing import Dict, List, Tuple
+
+import matplotlib.image
+import numpy as np
+import pytest
+import torch
+from fairseq import checkpoint_utils
+
+from cli_helpers import binarize, prepare_sample, run
+from fairseq_posattn.cli.inspect import main as inspect_main
+from fairseq_posattn.inspect import plots
+from fairseq_posattn.inspect.capture import Inspection, PositionalTrace, dataset_sample, inspect_model
+from fairseq_posattn.modules.attention import PositionAwareMultiheadAttention, bound_position_context
+from fairseq_posattn.modules.position_context import PositionContext
+from model_helpers import REPO, USER_DIR, TinyTask, build_lm, build_model
+
+LINES = 60
+#: one encoder layer with every sequential term and structural positions (our kernel); decoder
+#: layer 0 with direct positions (our kernel), layer 1 and cross-attention fairseq's own modules
+TRAINED = [
+    "--user-dir", USER_DIR, "--task", "translation_structural", "--arch", "transformer_posattn",
+    "--encoder-layers", "1", "--decoder-layers", "2", "--encoder-embed-dim", "16", "--decoder-embed-dim", "16",
+    "--encoder-ffn-embed-dim", "32", "--decoder-ffn-embed-dim", "32", "--encoder-attention-heads", "2",
+    "--decoder-attention-heads", "2", "--max-source-positions", "128", "--max-target-positions", "128",
+    "--share-all-embeddings",
+    "--encoder-direct-position", "both", "--encoder-learnable-temperature", "--encoder-conv-attention", "2d",
+    "--encoder-distance-aware", "--encoder-relative-positions", "4", "--encoder-structural-positions", "both",
+    "--encoder-structural-clip", "3", "--decoder-direct-position", "both",
+]
+TRAINING = ["--optimizer", "adam", "--lr", "0.005", "--max-tokens", "2000", "--cpu", "--seed", "1",
+            "--max-update", "3", "--no-epoch-checkpoints", "--no-last-checkpoints", "--log-format", "simple",
+            "--required-batch-size-multiple", "1", "--num-workers", "0"]
+#: built, not trained: the 1d convolution on both sides, causal DA and direct positions
+BUILT = ["--encoder-layers", "1", "--decoder-layers", "1", "--encoder-conv-attention", "1d",
+         "--encoder-distance-aware", "--decoder-conv-attention", "1d", "--decoder-distance-aware",
+         "--decoder-direct-position", "relative"]
+PTB = os.path.join(REPO, "data", "ptb_sample")
+LSTM = ["--task", "language_modeling", "--user-dir", USER_DIR, "--arch", "positional_attentive_lstm_lm",
+        "--decoder-embed-dim", "16", "--decoder-hidden-size", "16", "--positional-attention-hidden", "4",
+        "--tokens-per-sample", "20", "--optimizer", "adam", "--lr", "0.005", "--batch-size", "20",
+        "--max-update", "1", "--cpu", "--seed", "1", "--num-workers", "0", "--no-epoch-checkpoints",
+        "--disable-validation", "--required-batch-size-multiple", "1"]
+
+#: the files of each kind for the trained model
+TRAINED_FILES = {
+    "attention": ["encoder-layer0-attention.png", "decoder-layer0-attention.png", "decoder-layer1-attention.png",
+                  "cross-layer0-attention.png", "cross-layer1-attention.png"],
+    "direct": [f"{side}-layer0-direct-{what}.png" for side in ("encoder", "decoder")
+               for what in ("absolute", "relative")],
+    "temperature": ["encoder-temperature.png"],
+    "distance-aware": ["encoder-distance-aware-w-v.png", "encoder-layer0-distance-aware-coefficients.png"],
+    "conv": ["encoder-layer0-conv-filters.png", "encoder-layer0-conv-before-after.png"],
+    "relative-embeddings": [f"encoder-layer0-{table}-relative-embeddings.png"
+                            for table in ("sequential", "structural")],
+    "structure": ["structure.png"],
+}
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Dict[str, str]:
+    """The first lines of the shipped Multi30k sample, binarized, with spaCy's parses as side data."""
+    from fairseq_posattn.structure.binarize import write_side_data
+    from fairseq_posattn.structure.parsers import SpacyParser
+    from fairseq_posattn.tasks.translation_structural import structure_prefix
+
+    root = str(tmp_path_factory.mktemp("inspect"))
+    prepared = prepare_sample(root, lines=LINES)
+    data_bin = os.path.join(root, "data-bin")
+    binarize(prepared, data_bin)
+    parser = SpacyParser()
+    for split in ("train", "valid", "test"):
+        with open(f"{prepared}/{split}.tok.en", encoding="utf-8") as f:
+            parses = parser.parse([line.split() for line in f])
+        write_side_data(((words, heads, k) for k, (words, heads, _) in enumerate(parses, start=1)),
+                        f"{prepared}/{split}.bpe.en", structure_prefix(data_bin, split, "en", "de"))
+    with open(f"{prepared}/test.bpe.en", encoding="utf-8") as f:
+        sentence = f.readline().strip()
+    return {"root": root, "data_bin": data_bin, "sentence": sentence}
+
+
+@pytest.fixture(scope="module")
+def trained(corpus) -> str:
+    save_dir = os.path.join(corpus["root"], "checkpoints")
+    run("fairseq-train", [corpus["data_bin"], *TRAINED, *TRAINING, "--save-dir", save_dir])
+    return os.path.join(save_dir, "checkpoint_best.pt")
+
+
+@pytest.fixture(scope="module")
+def lstm_lm(tmp_path_factory) -> Tuple[str, str]:
+    """A positional attentive LSTM LM trained on a PTB slice."""
+    root = tmp_path_factory.mktemp("ptb")
+    data_bin = str(root / "data-bin")
+    run("fairseq-preprocess", ["--only-source", "--task", "language_modeling", "--workers", "1",
+                               "--destdir", data_bin, "--trainpref", f"{PTB}/valid.txt",
+                               "--validpref", f"{PTB}/valid.txt", "--testpref", f"{PTB}/test.txt"])
+    run("fairseq-train", [data_bin, *LSTM, "--save-dir", str(root / "checkpoints")])
+    return data_bin, str(root / "checkpoints" / "checkpoint_last.pt")
+
+
+# ------------------------------------------------------------------------------------ checks
+def assert_pictures(out: str, names: List[str]) -> None:
+    """Each PNG exists, opens, and has a sane size."""
+    for name in names:
+        image = matplotlib.image.imread(os.path.join(out, name))
+        height, width = image.shape[:2]
+        assert 150 <= height <= 4000 and 200 <= width <= 4000, (name, image.shape)
+
+
+def inspect_json(data_bin: str, checkpoint: str, out: str, *extra: str) -> Dict:
+    inspect_main([data_bin, "--path", checkpoint, "--index", "3", "--format", "json", "--output-dir", out, *extra])
+    with open(os.path.join(out, "inspection.json"), encoding="utf-8") as f:
+        return json.load(f)
+
+
+def load(checkpoint: str, data_bin: str):
+    models, _cfg, task = checkpoint_utils.load_model_ensemble_and_task([checkpoint], arg_overrides={"data": data_bin})
+    return models[0].eval(), task
+
+
+def head_probabilities(module, x: torch.Tensor, mask, ctx: PositionContext) -> torch.Tensor:
+    """heads x T x T self-attention probabilities of one layer for its input ``x`` (T x 1 x C)."""
+    if isinstance(module, PositionAwareMultiheadAttention):
+        with bound_position_context([module], ctx):
+            return module(x, x, x, attn_mask=mask, need_head_weights=True)[1][:, 0]
+    q = (module.q_proj(x) * module.scaling)[:, 0].view(len(x), module.num_heads, -1).transpose(0, 1)
+    k = module.k_proj(x)[:, 0].view(len(x), module.num_heads, -1).transpose(0, 1)
+    logits = q @ k.transpose(1, 2)
+    return torch.softmax(logits if mask is None else logits + mask, dim=-1)
+
+
+def own_attention(model, net_input: Dict[str, torch.Tensor]) -> Dict[Tuple[str, int], torch.Tensor]:
+    """Self-attention per head from each layer's input; cross-attention averaged over heads, as
+    fairseq's decoder returns it for its alignment layer."""
+    src, prev = net_input["src_tokens"], net_input["prev_output_tokens"]
+    structure = {"src_structure": net_input["src_structure"]} if "src_structure" in net_input else {}
+    side_data = None
+    if structure:
+        depth, tin, tout = net_input["src_structure"].long().unbind(dim=1)
+        side_data = {"depth": depth, "tin": tin, "tout": tout}
+    expected = {}
+    with torch.no_grad():
+        encoder_out = model.encoder(src, net_input["src_lengths"], return_all_hiddens=True, **structure)
+        ctx = PositionContext.from_tokens(src, model.encoder.padding_idx, side_data)
+        for layer, module in enumerate(model.encoder.layers):
+            expected["encoder", layer] = head_probabilities(
+                module.self_attn, encoder_out["encoder_states"][layer], None, ctx)
+        inner = model.decoder(prev, encoder_out=encoder_out)[1]["inner_states"]
+        ctx = PositionContext.from_tokens(prev, model.decoder.padding_idx)
+        for layer, module in enumerate(model.decoder.layers):
+            causal = model.decoder.buffered_future_mask(inner[layer])
+            expected["decoder", layer] = head_probabilities(module.self_attn, inner[layer], causal, ctx)
+            aligned = model.decoder(prev, encoder_out=encoder_out, alignment_layer=layer)[1]["attn"][0]
+            expected["cross", layer] = aligned[0]
+    return expected
+
+
+def assert_json_is_the_models_attention(numbers: Dict, model, net_input: Dict[str, torch.Tensor]) -> None:
+    assert numbers["source_ids"] == net_input["src_tokens"][0].tolist()
+    assert numbers["decoder_ids"] == net_input["prev_output_tokens"][0].tolist()
+    expected = own_attention(model.eval(), net_input)
+    found = {(m["side"], m["layer"]): torch.tensor(m["probs"]) for m in numbers["attention"]}
+    assert found.keys() == expected.keys()
+    for (side, layer), probs in found.items():
+        mine = probs.mean(dim=0) if side == "cross" else probs
+        torch.testing.assert_close(mine, expected[side, layer], atol=1e-5, rtol=1e-4, msg=f"{side} {layer}")
+
+
+# ------------------------------------------------------------------------------------ tests
+@pytest.mark.slow
+def test_every_kind_is_drawn_from_the_console_script(corpus, trained, tmp_path):
+    """The installed console script on a sentence: the structural task parses it with spaCy, the
+    decoder is fed the model's own translation."""
+    out = str(tmp_path / "png")
+    result = run("posattn-inspect", [corpus["data_bin"], "--path", trained, "--sentence", corpus["sentence"],
+                                     "--output-dir", out])
+    names = [name for kind in TRAINED_FILES.values() for name in kind]
+    assert sorted(os.listdir(out)) == sorted(names)
+    assert sorted(os.path.basename(p) for p in result.stdout.split()) == sorted(names)
+    assert_pictures(out, names)
+
+
+@pytest.mark.slow
+def test_json_equals_the_models_own_attention(corpus, trained, tmp_path):
+    numbers = inspect_json(corpus["data_bin"], trained, str(tmp_path), "--task", "translation_structural")
+    assert set(TRAINED_FILES) < set(numbers) and numbers["decoder_input"] == "reference"
+    model, task = load(trained, corpus["data_bin"])
+    net_input = dataset_sample(task, "test", 3)["net_input"]
+    assert_json_is_the_models_attention(numbers, model, net_input)
+    conv = numbers["conv"][0]
+    assert conv["after"] == numbers["attention"][0]["probs"]  # encoder layer 0
+    before = torch.tensor(conv["before"])
+    torch.testing.assert_close(before.sum(-1), torch.ones(before.shape[:2]))  # S is a softmax
+    n = numbers["direct"][0]["positions"]
+    assert n == len(numbers["source_ids"])
+    absolute = model.encoder.layers[0].self_attn.additive_terms[0].weight[:, :n, :n]
+    assert torch.equal(torch.tensor(numbers["direct"][0]["absolute"]), absolute.detach())
+
+
+@pytest.mark.slow
+def test_a_kind_the_model_lacks_is_refused(corpus, trained, tmp_path):
+    with pytest.raises(SystemExit, match="nothing to draw for lstm"):
+        inspect_main([corpus["data_bin"], "--path", trained, "--index", "0", "--output-dir", str(tmp_path),
+                      "--kinds", "structure", "lstm"])
+
+
+@pytest.mark.slow
+def test_positional_lstm_lm(lstm_lm, tmp_path):
+    data_bin, checkpoint = lstm_lm
+    inspect_main([data_bin, "--path", checkpoint, "--index", "0", "--output-dir", str(tmp_path)])
+    assert os.listdir(tmp_path) == ["lstm-positional-attention.png"]
+    assert_pictures(str(tmp_path), ["lstm-positional-attention.png"])
+    numbers = inspect_json(data_bin, checkpoint, str(tmp_path))
+    model, task = load(checkpoint, data_bin)
+    src_tokens = dataset_sample(task, "test", 3)["net_input"]["src_tokens"]
+    with torch.no_grad():
+        weights = model.decoder.extract_features(src_tokens)[1]["memory_attention"][0]
+    torch.testing.assert_close(torch.tensor(numbers["lstm"]["weights"]), weights)
+    assert numbers["lstm"]["normalizer"] == 20 and numbers["decoder_input"] == "input"
+
+
+def test_built_model_with_1d_convolutions_and_causal_terms(tmp_path):
+    """No training: the 1d filter banks and the decoder's causal terms are captured and drawn, and
+    the numbers are the model's own attention."""
+    model = build_model("transformer_posattn", BUILT)
+    net_input = {"src_tokens": torch.tensor([[4, 5, 6, 7, 8, 2]]), "src_lengths": torch.tensor([6]),
+                 "prev_output_tokens": torch.tensor([[2, 9, 10, 11]])}
+    inspection = inspect_model(model, TinyTask(), {"net_input": net_input}, "given")
+    numbers = json.loads(json.dumps(inspection.to_json(inspection.available_kinds())))
+    assert_json_is_the_models_attention(numbers, model, net_input)
+    conv = {(c["side"], c["layer"]): c for c in numbers["conv"]}
+    assert np.shape(conv["encoder", 0]["weight"]) == (2, 6, 6, 3)
+    assert np.shape(conv["decoder", 0]["weight"]) == (2, 4, 4, 3)
+    paths = plots.draw(inspection, ["direct", "distance-aware", "conv"], str(tmp_path))
+    assert "decoder-layer0-conv-filters.png" in os.listdir(tmp_path)
+    assert_pictures(str(tmp_path), [os.path.basename(p) for p in paths])
+
+
+def test_transformer_language_model_has_causal_decoder_maps():
+    model = build_lm("transformer_lm_posattn", ["--decoder-direct-position", "both"])
+    net_input = {"src_tokens": torch.tensor([[2, 4, 5, 6, 7]]), "src_lengths": torch.tensor([5])}
+    inspection = inspect_model(model, TinyTask(), {"net_input": net_input}, "input")
+    assert [(m.side, m.layer, m.kernel) for m in inspection.attention] == [
+        ("decoder", 0, "posattn"), ("decoder", 1, "fairseq")]
+    assert inspection.decoder_tokens == ["</s>", "w0", "w1", "w2", "w3"] and inspection.source_tokens == []
+    for m in inspection.attention:
+        assert torch.equal(m.probs.triu(diagonal=1), torch.zeros(2, 5, 5))
+        torch.testing.assert_close(m.probs.sum(-1), torch.ones(2, 5))
+    assert inspection.available_kinds() == ["attention", "direct"]
+
+
+def test_long_sentences_label_every_kth_token_and_stay_bounded(tmp_path):
+    """A 150-token sentence: at most MAX_TICKS labels per axis, the figure capped in size."""
+    tokens = [f"w{i}" for i in range(150)]
+    probs = torch.softmax(torch.randn(2, 150, 150), dim=-1)
+    plots.heatmap_grid([plots.Panel(p.numpy(), f"head {h}", tokens, tokens) for h, p in enumerate(probs)],
+                       "long", str(tmp_path / "long.png"))
+    height, width = matplotlib.image.imread(str(tmp_path / "long.png")).shape[:2]
+    assert width <= 2 * plots.PANEL_INCHES[1] * plots.DPI + 200 and height <= plots.PANEL_INCHES[1] * plots.DPI + 200
+
+
+def test_lstm_plot_takes_the_documented_trace(tmp_path):
+    """The LSTM picture needs only a PositionalTrace: mu, sigma (T) and weights (T x T)."""
+    steps = 12
+    weights = torch.tril(torch.rand(steps, steps), diagonal=-1)
+    weights = weights / weights.sum(-1, keepdim=True).clamp(min=1e-9)
+    trace = PositionalTrace([f"t{i}" for i in range(steps)], torch.linspace(0, 0.5, steps),
+                            torch.full((steps,), 0.1), weights, 20.0)
+    inspection = Inspection([], [], trace.tokens, list(range(steps)), "input", [], [], lstm=trace)
+    assert inspection.available_kinds() == ["lstm"]
+    paths = plots.draw(inspection, ["lstm"], str(tmp_path))
+    assert_pictures(str(tmp_path), [os.path.basename(p) for p in paths])
+    assert np.allclose(inspection.to_json(["lstm"])["lstm"]["weights"], weights.numpy())
