@@ -165,7 +165,7 @@ class PositionalAttention(nn.Module):
         mus = []
         mu = prev_mu
         for s in range(steps):
-            mu = (carry[:, s] * mu + known[:, s]).clamp(min=0.0)
+            mu = torch.minimum((carry[:, s] * mu + known[:, s]).clamp(min=0.0), t_over_n[:, s])
             mus.append(mu)
         return torch.stack(mus, dim=1)
 
@@ -300,8 +300,11 @@ class AttentiveLSTMDecoder(FairseqIncrementalDecoder):
         With ``incremental_state``, ``prev_output_tokens`` holds every token so far and only those
         not yet seen (normally the last one) are computed, from the cached state.
         """
-        cached = self.get_incremental_state(incremental_state, "cached_state") if incremental_state is not None else None
-        if incremental_state is not None and self.attention_type == "positional" and self.normalizer_type == "sentence":
+        cached = None
+        if incremental_state is not None:
+            cached = self.get_incremental_state(incremental_state, "cached_state")
+        leaking = self.attention_type == "positional" and self.normalizer_type == "sentence"
+        if incremental_state is not None and leaking:
             raise ValueError(
                 "--positional-attention-normalizer sentence uses the length of the whole sentence "
                 "(it leaks the future) and cannot decode step by step; train with the default "
@@ -326,7 +329,9 @@ class AttentiveLSTMDecoder(FairseqIncrementalDecoder):
             new_state["scores"] = scores
         else:
             normalizer = self.normalizer(prev_output_tokens).to(h)
-            generator_state = None if cached is None else (cached["generator_hidden"], cached["generator_cell"])
+            generator_state = None
+            if cached is not None:
+                generator_state = (cached["generator_hidden"], cached["generator_cell"])
             prev_mu = None if cached is None else cached["mu"]
             context, weights, mu, (gen_h, gen_c) = self.attention(
                 h, memory, offset, normalizer, prev_mu, generator_state)
@@ -425,7 +430,9 @@ class AttentiveLSTMLanguageModel(FairseqLanguageModel):
         task_cfg = getattr(task, "args", None) or getattr(task, "cfg", None)
         # the training run's block length is in the model args (and so in the checkpoint)
         block_length = getattr(args, "tokens_per_sample", None) or getattr(task_cfg, "tokens_per_sample", None)
-        max_target_positions = getattr(args, "max_target_positions", None) or block_length or DEFAULT_MAX_TARGET_POSITIONS
+        max_target_positions = (
+            getattr(args, "max_target_positions", None) or block_length or DEFAULT_MAX_TARGET_POSITIONS
+        )
 
         dictionary = task.target_dictionary
         pretrained_embed = None
