@@ -1,2 +1,1 @@
-from fairseq_posattn.models import transformer_lm_posattn, transformer_posattn  # noqa: F401
-from fairseq_posattn.models import attentive_lstm_lm  # noqa: F401,E402
+from fairseq_posattn.models import attentive_lstm_lm, transformer_lm_posattn, transformer_posattn  # noqa: F401
