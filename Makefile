@@ -31,7 +31,8 @@ test-fast: install
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m pytest -q -ra -m "not slow" tests
 
 benchmark: install
-	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) scripts/benchmark.py
+	mkdir -p benchmark-output
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) scripts/benchmark.py --long --output benchmark-output/benchmark.md
 
 clean:
 	rm -rf quickstart-output benchmark-output .pytest_cache

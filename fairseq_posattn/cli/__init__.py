@@ -1,6 +1,6 @@
-"""Command-line entry points (``posattn-prepare-translation``, ``posattn-score``).
+"""Command-line entry points (``posattn-*`` console scripts, see setup.py).
 
-Each module is a thin argparse layer over :mod:`fairseq_posattn.data`.
+Each module is a thin argparse layer over library code (:mod:`fairseq_posattn.data` and friends).
 """
 
 import logging
