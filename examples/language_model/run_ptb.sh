@@ -1,0 +1,123 @@
+#!/usr/bin/env bash
+# Penn Treebank language modelling: fairseq's lstm_lm, attentive_lstm_lm (Salton et al. 2017),
+# positional_attentive_lstm_lm (Dagan 2019) and transformer_lm_posattn variants, all trained with
+# the same budget, evaluated by fairseq-eval-lm in a fresh process from the checkpoint, then a
+# markdown table of valid / test perplexity.  See README.md in this folder.
+#
+#   PTB_DIR=/path/to/ptb bash examples/language_model/run_ptb.sh
+#
+# PTB_DIR holds ptb.{train,valid,test}.txt (or .txt.gz; the Mikolov version, <unk> and N already in).
+set -euo pipefail
+
+# ---------------------------------------------------------------- settings (override by env) ----
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+PTB_DIR=${PTB_DIR:-/work/shared/data/ptb_lm}
+OUT=${OUT:-$REPO/ptb-lm-output}                  # everything written goes here
+USER_DIR=${USER_DIR:-$REPO/fairseq_posattn}
+MODELS=${MODELS:-"positional_attentive_lstm_lm tf_conv2d tf_vanilla tf_da tf_shaw16 tf_direct_both lstm_lm attentive_lstm_lm"}
+PARALLEL=${PARALLEL:-2}                           # trainings at once
+THREADS=${THREADS:-1}                             # OMP threads per training
+
+# Data: sentence-level, as the paper (each sentence its own sample, end of sentence included).
+BREAK_MODE=${BREAK_MODE:-eos}
+TOKENS_PER_SAMPLE=${TOKENS_PER_SAMPLE:-35}        # the positional LSTM's normalizer N (block)
+MAX_TARGET_POSITIONS=${MAX_TARGET_POSITIONS:-128} # >= longest PTB sentence + eos (83): no truncation
+
+# Budget, the same for every model.
+MAX_UPDATE=${MAX_UPDATE:-250}
+BATCH_SIZE=${BATCH_SIZE:-32}                      # sentences per update
+LR=${LR:-0.001}
+WARMUP=${WARMUP:-100}
+DROPOUT=${DROPOUT:-0.1}
+EVAL_MAX_TOKENS=${EVAL_MAX_TOKENS:-4096}
+
+# Sizes: tiny, for a CPU.  The papers' sizes (GPU):
+#   LSTMs (Dagan 2019): LSTM_DIM=400 LSTM_LAYERS=2 DROPOUT=0.5 (in/out; 0.2 between layers,
+#     the architectures' defaults when --dropout is not given), batch 20, 35-token sentences,
+#     SGD lr 20 with annealing or Adam, ~40+ epochs.
+#   Transformer: TF_DIM=512 TF_FFN=2048 TF_LAYERS=6 TF_HEADS=8 (or --arch transformer_lm_posattn_big).
+LSTM_DIM=${LSTM_DIM:-128}
+LSTM_LAYERS=${LSTM_LAYERS:-1}
+TF_DIM=${TF_DIM:-128}
+TF_FFN=${TF_FFN:-512}
+TF_LAYERS=${TF_LAYERS:-2}
+TF_HEADS=${TF_HEADS:-4}
+# -------------------------------------------------------------------------------------------------
+
+RAW=$OUT/raw
+DATA=$OUT/data-bin
+mkdir -p "$RAW" "$OUT/logs" "$OUT/checkpoints"
+
+# 1. raw text (decompress if needed)
+for split in train valid test; do
+    if [ ! -s "$RAW/$split.txt" ]; then
+        if [ -f "$PTB_DIR/ptb.$split.txt" ]; then cp "$PTB_DIR/ptb.$split.txt" "$RAW/$split.txt"
+        elif [ -f "$PTB_DIR/ptb.$split.txt.gz" ]; then gunzip -c "$PTB_DIR/ptb.$split.txt.gz" > "$RAW/$split.txt"
+        elif [ -f "$PTB_DIR/$split.txt" ]; then cp "$PTB_DIR/$split.txt" "$RAW/$split.txt"
+        else echo "no ptb.$split.txt(.gz) or $split.txt in $PTB_DIR" >&2; exit 1; fi
+    fi
+done
+
+# 2. binarize (language modelling: one dictionary, --only-source)
+if [ ! -f "$DATA/dict.txt" ]; then
+    fairseq-preprocess --only-source --task language_modeling --workers 2 \
+        --trainpref "$RAW/train.txt" --validpref "$RAW/valid.txt" --testpref "$RAW/test.txt" \
+        --destdir "$DATA" > "$OUT/logs/preprocess.log" 2>&1
+fi
+
+# 3. model flags
+model_flags() {
+    local lstm="--decoder-embed-dim $LSTM_DIM --decoder-hidden-size $LSTM_DIM --decoder-out-embed-dim $LSTM_DIM --decoder-layers $LSTM_LAYERS --share-decoder-input-output-embed"
+    local tf="--arch transformer_lm_posattn --decoder-embed-dim $TF_DIM --decoder-input-dim $TF_DIM --decoder-output-dim $TF_DIM --decoder-ffn-embed-dim $TF_FFN --decoder-layers $TF_LAYERS --decoder-attention-heads $TF_HEADS --share-decoder-input-output-embed"
+    case "$1" in
+        lstm_lm)                       echo "--arch lstm_lm $lstm" ;;
+        attentive_lstm_lm)             echo "--arch attentive_lstm_lm $lstm" ;;
+        positional_attentive_lstm_lm)  echo "--arch positional_attentive_lstm_lm $lstm" ;;
+        tf_vanilla)                    echo "$tf" ;;
+        tf_da)                         echo "$tf --decoder-distance-aware" ;;
+        tf_shaw16)                     echo "$tf --decoder-relative-positions 16" ;;
+        tf_direct_both)                echo "$tf --decoder-direct-position both" ;;  # t = --max-target-positions
+        tf_conv2d)                     echo "$tf --decoder-conv-attention 2d" ;;
+        *) echo "unknown model $1" >&2; return 1 ;;
+    esac
+}
+
+COMMON_DATA="--task language_modeling --user-dir $USER_DIR --sample-break-mode $BREAK_MODE --tokens-per-sample $TOKENS_PER_SAMPLE --max-target-positions $MAX_TARGET_POSITIONS"
+
+train_and_eval() {
+    local name=$1 ckdir="$OUT/checkpoints/$1" start end
+    mkdir -p "$ckdir"
+    # shellcheck disable=SC2046
+    start=$(date +%s)
+    OMP_NUM_THREADS=$THREADS MKL_NUM_THREADS=$THREADS fairseq-train "$DATA" $COMMON_DATA $(model_flags "$name") \
+        --dropout "$DROPOUT" --optimizer adam --adam-betas '(0.9, 0.98)' --clip-norm 1.0 \
+        --lr "$LR" --lr-scheduler inverse_sqrt --warmup-updates "$WARMUP" --warmup-init-lr 1e-07 \
+        --batch-size "$BATCH_SIZE" --required-batch-size-multiple 1 --max-update "$MAX_UPDATE" \
+        --disable-validation --no-epoch-checkpoints --save-dir "$ckdir" --seed 1 --num-workers 0 \
+        --log-format simple --log-interval 100 --cpu > "$OUT/logs/train.$name.log" 2>&1
+    end=$(date +%s)
+    echo "wall_seconds $((end - start))" >> "$OUT/logs/train.$name.log"
+    # fresh processes, from the checkpoint; every target token incl. end of sentence is scored
+    for subset in valid test; do
+        OMP_NUM_THREADS=$THREADS MKL_NUM_THREADS=$THREADS fairseq-eval-lm "$DATA" \
+            --user-dir "$USER_DIR" --path "$ckdir/checkpoint_last.pt" --gen-subset "$subset" \
+            --sample-break-mode "$BREAK_MODE" --tokens-per-sample "$TOKENS_PER_SAMPLE" \
+            --max-target-positions "$MAX_TARGET_POSITIONS" --max-tokens "$EVAL_MAX_TOKENS" \
+            --num-workers 0 --cpu > "$OUT/logs/eval.$name.$subset.log" 2>&1
+    done
+    echo "done $name ($((end - start)) s training)"
+}
+
+# 4. train + evaluate, PARALLEL at a time
+running=0
+for name in $MODELS; do
+    model_flags "$name" > /dev/null
+    ( train_and_eval "$name" || echo "FAILED $name (see $OUT/logs)" ) &
+    running=$((running + 1))
+    if [ "$running" -ge "$PARALLEL" ]; then wait -n; running=$((running - 1)); fi
+done
+wait
+
+# 5. table
+python "$REPO/examples/language_model/results_table.py" --logs "$OUT/logs" --models $MODELS \
+    | tee "$OUT/results.md"
