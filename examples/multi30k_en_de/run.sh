@@ -1,0 +1,225 @@
+#!/usr/bin/env bash
+# Multi30k English->German with structural position representations (Wang et al. 2019, Table 1):
+# Moses + joint BPE -> spaCy dependency parse of the English side -> fairseq-preprocess -> structural
+# side data -> one model per Table 1 row -> beam search on test_2016_flickr -> sacreBLEU table with
+# paired bootstrap significance against the baseline (row 4).
+#
+#     bash examples/multi30k_en_de/run.sh [--dry-run] [MULTI30K_DIR]
+#
+# MULTI30K_DIR (or $MULTI30K_DIR) holds the raw gzipped Multi30k task-1 files train.{en,de}.gz,
+# val.{en,de}.gz, test_2016_flickr.{en,de}.gz; default ../shared/data/multi30k next to the repository.
+# Settings below can be overridden from the environment (PRESET=paper VARIANTS="4 5 6 7 9" ...); see
+# README.md. Steps whose output exists are skipped: delete $OUT (or a step's output) to redo them.
+set -euo pipefail
+
+REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+DRY_RUN=0
+if [[ "${1:-}" == "--dry-run" ]]; then DRY_RUN=1; shift; fi
+
+# ---- settings ------------------------------------------------------------------------------------
+DATA="${1:-${MULTI30K_DIR:-$(dirname "$REPO_ROOT")/shared/data/multi30k}}"
+OUT="${OUT:-$REPO_ROOT/multi30k-output}"
+PRESET="${PRESET:-small}"            # small: ~35 min on 2 CPU cores; paper: transformer_posattn_iwslt_de_en, GPU
+VARIANTS="${VARIANTS:-4 5 6}"        # Table 1 rows to train, the first is the baseline of the table
+STEPS="${STEPS:-prepare parse binarize structure train generate compare}"
+FUSION="${FUSION:-nonlinear}"        # absolute structural + sequential: the paper's non-linear fusion (Eq. 7)
+STRUCT_CLIP="${STRUCT_CLIP:-16}"     # r, relative structural clip (paper: 16)
+SEQ_REL_CLIP="${SEQ_REL_CLIP:-16}"   # k, Shaw's relative sequential clip (rows 7-9)
+BPE_MERGES="${BPE_MERGES:-5000}"
+SEED="${SEED:-1}"
+BEAM=5
+EXTRA_TRAIN_FLAGS="${EXTRA_TRAIN_FLAGS:-}"   # e.g. "--fp16" on a GPU
+case "$PRESET" in
+    small)  # 3+3 layers, 128 dim: 1,500 updates of 2,048 tokens (~7 epochs) per model, 3 models at once
+        MODEL_FLAGS=(--arch transformer_posattn --encoder-layers 3 --decoder-layers 3
+                     --encoder-embed-dim 128 --decoder-embed-dim 128
+                     --encoder-ffn-embed-dim 512 --decoder-ffn-embed-dim 512
+                     --encoder-attention-heads 4 --decoder-attention-heads 4 --dropout 0.1)
+        MAX_UPDATE="${MAX_UPDATE:-1500}"; MAX_TOKENS="${MAX_TOKENS:-2048}"
+        LR=1e-3; WARMUP=500
+        JOBS="${JOBS:-3}"; THREADS="${THREADS:-1}"   # single-threaded models side by side beat one 2-thread model
+        ;;
+    paper)  # Transformer of fairseq's IWSLT preset (6+6 layers, 512 dim), long training: meant for a GPU
+        MODEL_FLAGS=(--arch transformer_posattn_iwslt_de_en --dropout 0.3)
+        MAX_UPDATE="${MAX_UPDATE:-30000}"; MAX_TOKENS="${MAX_TOKENS:-4096}"
+        LR=5e-4; WARMUP=4000
+        JOBS="${JOBS:-1}"; THREADS="${THREADS:-}"
+        ;;
+    *) echo "run.sh: PRESET must be small or paper, got '$PRESET'" >&2; exit 2 ;;
+esac
+TRAIN_FLAGS=(--optimizer adam --adam-betas "(0.9, 0.98)" --clip-norm 0.0 --weight-decay 0.0001
+             --lr "$LR" --lr-scheduler inverse_sqrt --warmup-updates "$WARMUP" --warmup-init-lr 1e-07
+             --criterion label_smoothed_cross_entropy --label-smoothing 0.1
+             --max-tokens "$MAX_TOKENS" --max-update "$MAX_UPDATE" --seed "$SEED"
+             --share-all-embeddings --max-source-positions 128 --max-target-positions 128
+             --no-epoch-checkpoints --log-format simple --log-interval 100)
+# --------------------------------------------------------------------------------------------------
+
+# Table 1 rows: name and encoder flags. Rows 1-3 drop the sequential positions with fairseq's
+# --no-token-positional-embeddings, which drops the decoder's too (the paper keeps those).
+declare -A ROW_NAME=([1]="1:none" [2]="2:struct-abs" [3]="3:struct-rel" [4]="4:seq-abs"
+                     [5]="5:seq-abs+struct-abs" [6]="6:seq-abs+struct-abs+rel" [7]="7:seq-abs+rel"
+                     [8]="8:seq-abs+rel+struct-abs" [9]="9:seq-abs+rel+struct-abs+rel")
+STRUCT_ABS="--encoder-structural-fusion $FUSION"
+STRUCT_REL="--encoder-structural-clip $STRUCT_CLIP"
+declare -A ROW_FLAGS=(
+    [1]="--no-token-positional-embeddings"
+    [2]="--no-token-positional-embeddings --encoder-structural-positions absolute"
+    [3]="--no-token-positional-embeddings --encoder-structural-positions relative $STRUCT_REL"
+    [4]="--encoder-structural-positions none"
+    [5]="--encoder-structural-positions absolute $STRUCT_ABS"
+    [6]="--encoder-structural-positions both $STRUCT_ABS $STRUCT_REL"
+    [7]="--encoder-relative-positions $SEQ_REL_CLIP"
+    [8]="--encoder-relative-positions $SEQ_REL_CLIP --encoder-structural-positions absolute $STRUCT_ABS"
+    [9]="--encoder-relative-positions $SEQ_REL_CLIP --encoder-structural-positions both $STRUCT_ABS $STRUCT_REL"
+)
+for row in $VARIANTS; do
+    [[ -n "${ROW_FLAGS[$row]:-}" ]] || { echo "run.sh: VARIANTS takes Table 1 rows 1-9, got '$row'" >&2; exit 2; }
+done
+
+USER_DIR="$REPO_ROOT/fairseq_posattn"
+RAW="$OUT/raw"; PREPARED="$OUT/prepared"; DATA_BIN="$OUT/data-bin"; LOGS="$OUT/logs"
+SRC=en; TGT=de
+SPLITS=(train valid test)
+declare -A RAW_NAME=([train]=train [valid]=val [test]=test_2016_flickr)
+CORES="$(nproc)"   # before OMP_NUM_THREADS, which nproc obeys
+[[ -n "$THREADS" ]] && export OMP_NUM_THREADS="$THREADS" MKL_NUM_THREADS="$THREADS"
+if (( DRY_RUN )); then JOBS=1; fi
+DEVICE_FLAGS=()
+python -c "import torch, sys; sys.exit(not torch.cuda.is_available())" 2>/dev/null || DEVICE_FLAGS=(--cpu)
+
+# run LOG CMD...: print CMD; unless --dry-run, run it with stdout and stderr in LOG (tail shown on failure)
+run() {
+    local log="$1"; shift
+    printf '+'; printf ' %q' "$@"; printf '\n'
+    (( DRY_RUN )) && return 0
+    "$@" > "$log" 2>&1 || { tail -n 30 "$log" >&2; echo "run.sh: failed, see $log" >&2; exit 1; }
+}
+# run_to FILE LOG CMD...: the same with stdout in FILE
+run_to() {
+    local file="$1" log="$2"; shift 2
+    printf '+'; printf ' %q' "$@"; printf ' > %q\n' "$file"
+    (( DRY_RUN )) && return 0
+    "$@" > "$file" 2> "$log" || { tail -n 30 "$log" >&2; echo "run.sh: failed, see $log" >&2; exit 1; }
+}
+# in_parallel FUNC ARG...: FUNC ARG for every ARG, at most $JOBS at a time; fails if any failed
+in_parallel() {
+    local fn="$1" failed=0 pid; shift
+    local pids=()
+    for arg in "$@"; do
+        if (( ${#pids[@]} >= JOBS )); then wait "${pids[0]}" || failed=1; pids=("${pids[@]:1}"); fi
+        "$fn" "$arg" & pids+=($!)
+    done
+    for pid in "${pids[@]}"; do wait "$pid" || failed=1; done
+    return "$failed"
+}
+want() { [[ " $STEPS " == *" $1 "* ]]; }
+start=$SECONDS
+stamp() { echo "==> [$((SECONDS - start)) s] $*"; }
+tag() { echo "row$1"; }
+
+(( DRY_RUN )) || mkdir -p "$OUT" "$LOGS"
+
+# 1. raw text: gunzip Multi30k into train/valid/test.{en,de}; Moses tokenization and joint BPE
+if want prepare; then
+    stamp "prepare: $DATA -> $PREPARED (Moses + $BPE_MERGES joint BPE merges)"
+    if [[ -f "$PREPARED/test.bpe.$TGT" ]]; then echo "    (done already)"; else
+        (( DRY_RUN )) || mkdir -p "$RAW"
+        for split in "${SPLITS[@]}"; do
+            for lang in $SRC $TGT; do
+                src_file="$DATA/${RAW_NAME[$split]}.$lang.gz"
+                (( DRY_RUN )) || [[ -f "$src_file" ]] || { echo "run.sh: no $src_file (pass the Multi30k folder)" >&2; exit 1; }
+                run_to "$RAW/$split.$lang" "$LOGS/gunzip.log" gunzip -c "$src_file"
+            done
+        done
+        run "$LOGS/prepare.log" posattn-prepare-translation --raw-dir "$RAW" --out-dir "$PREPARED" \
+            --source-lang $SRC --target-lang $TGT --bpe-merges "$BPE_MERGES" --splits "${SPLITS[@]}"
+    fi
+fi
+
+# 2. dependency parse of the tokenized English (the words BPE splits) with spaCy's English model
+if want parse; then
+    stamp "parse: spaCy on $PREPARED/{train,valid,test}.tok.$SRC"
+    for split in "${SPLITS[@]}"; do
+        [[ -f "$PREPARED/$split.conllu" ]] && continue
+        run "$LOGS/parse-$split.log" posattn-parse --backend spacy --input "$PREPARED/$split.tok.$SRC" \
+            --output "$PREPARED/$split.conllu" --workers "$CORES"
+    done
+fi
+
+# 3. fairseq-preprocess: joint dictionary, binarized train/valid/test
+if want binarize; then
+    stamp "binarize: fairseq-preprocess -> $DATA_BIN"
+    if [[ -f "$DATA_BIN/dict.$SRC.txt" ]]; then echo "    (done already)"; else
+        run "$LOGS/preprocess.log" fairseq-preprocess --source-lang $SRC --target-lang $TGT \
+            --trainpref "$PREPARED/train.bpe" --validpref "$PREPARED/valid.bpe" --testpref "$PREPARED/test.bpe" \
+            --destdir "$DATA_BIN" --joined-dictionary --workers "$CORES"
+    fi
+fi
+
+# 4. structural side data (tree depth per BPE piece + EOS) next to the binarized source
+if want structure; then
+    stamp "structure: side data -> $DATA_BIN/*.structure.{bin,idx}"
+    for split in "${SPLITS[@]}"; do
+        [[ -f "$DATA_BIN/$split.$SRC-$TGT.$SRC.structure.idx" ]] && continue
+        run "$LOGS/structure-$split.log" posattn-prepare-structure --conllu "$PREPARED/$split.conllu" \
+            --bpe "$PREPARED/$split.bpe.$SRC" --destdir "$DATA_BIN" --split "$split" \
+            --source-lang $SRC --target-lang $TGT
+    done
+fi
+
+# 5. one model per Table 1 row, $JOBS at a time. An interrupted training resumes from checkpoint_last.pt;
+#    a finished one is skipped (fairseq-train would make one more update and overwrite its checkpoints)
+train_row() {
+    local row="$1" save_dir="$OUT/checkpoints/$(tag "$1")"
+    if [[ -f "$save_dir/trained-updates" && "$(< "$save_dir/trained-updates")" == "$MAX_UPDATE" ]]; then
+        echo "    $(tag "$row"): trained already ($MAX_UPDATE updates)"; return 0
+    fi
+    # shellcheck disable=SC2086  # ROW_FLAGS and EXTRA_TRAIN_FLAGS are word lists
+    run "$LOGS/train-$(tag "$row").log" fairseq-train "$DATA_BIN" --user-dir "$USER_DIR" \
+        --task translation_structural --source-lang $SRC --target-lang $TGT \
+        "${MODEL_FLAGS[@]}" ${ROW_FLAGS[$row]} "${TRAIN_FLAGS[@]}" "${DEVICE_FLAGS[@]}" $EXTRA_TRAIN_FLAGS \
+        --save-dir "$save_dir"
+    (( DRY_RUN )) || echo "$MAX_UPDATE" > "$save_dir/trained-updates"
+}
+if want train; then
+    stamp "train: rows $VARIANTS, $MAX_UPDATE updates each, $JOBS at a time (logs: $LOGS/train-row*.log)"
+    # shellcheck disable=SC2086
+    in_parallel train_row $VARIANTS
+    (( DRY_RUN )) || for row in $VARIANTS; do
+        echo "    $(tag "$row"): $(grep -E '\| valid \|' "$LOGS/train-$(tag "$row").log" | tail -n 1 | grep -oE 'loss [0-9.]+ .*ppl [0-9.]+')"
+    done
+fi
+
+# 6. beam search on test_2016_flickr; --required-batch-size-multiple 1 or fairseq drops the last batch
+generate_row() {
+    local row="$1"
+    run "$LOGS/generate-$(tag "$row").log" fairseq-generate "$DATA_BIN" --user-dir "$USER_DIR" \
+        --task translation_structural --source-lang $SRC --target-lang $TGT \
+        --path "$OUT/checkpoints/$(tag "$row")/checkpoint_best.pt" --gen-subset test \
+        --beam $BEAM --max-len-a 1.5 --max-len-b 10 --remove-bpe \
+        --batch-size 128 --required-batch-size-multiple 1 "${DEVICE_FLAGS[@]}" \
+        --results-path "$OUT/generate/$(tag "$row")"
+}
+if want generate; then
+    stamp "generate: test_2016_flickr, beam $BEAM"
+    # shellcheck disable=SC2086
+    in_parallel generate_row $VARIANTS
+fi
+
+# 7. sacreBLEU with signatures, bootstrap 95% CI and paired bootstrap p-values against the first row
+if want compare; then
+    stamp "compare: posattn-compare -> $OUT/results.md"
+    systems=()
+    for row in $VARIANTS; do systems+=("${ROW_NAME[$row]}=$OUT/generate/$(tag "$row")/generate-test.txt"); done
+    run_to "$OUT/results.md" "$LOGS/compare.log" posattn-compare --ref "$RAW/test.$TGT" --target-lang $TGT \
+        "${systems[@]}"
+    # the paper's own comparison for rows 7-9: structural positions on top of relative sequential ones
+    if [[ " $VARIANTS " == *" 7 "* && " $VARIANTS " == *" 9 "* ]]; then
+        run_to "$OUT/results-rel.md" "$LOGS/compare-rel.log" posattn-compare --ref "$RAW/test.$TGT" \
+            --target-lang $TGT "${ROW_NAME[7]}=$OUT/generate/row7/generate-test.txt" \
+            "${ROW_NAME[9]}=$OUT/generate/row9/generate-test.txt"
+    fi
+    (( DRY_RUN )) || cat "$OUT/results.md" "$OUT"/results-rel.md 2>/dev/null || true
+fi
+stamp "done"

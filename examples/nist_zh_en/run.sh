@@ -1,0 +1,272 @@
+#!/usr/bin/env bash
+# NIST Chinese->English with structural position representations (Wang et al. 2019, Tables 1 and 2):
+# LDC training text -> Chinese word segmentation (stanza) -> cleaned pairs -> Moses + joint BPE ->
+# stanza zh dependency parse of the segmented Chinese -> fairseq-preprocess + structural side data ->
+# Transformer per variant -> beam search on MT02 (dev) and MT03-MT06 -> 4-reference BLEU tables with
+# signatures and paired bootstrap significance against the baseline, one per test set.
+#
+#     bash examples/nist_zh_en/run.sh [--dry-run] [NIST_DIR]
+#
+# NIST_DIR (or $NIST_DIR) holds plain-text files you extract from your LDC copies (README.md):
+# train.zh / train.en and, per evaluation set, mtXX.zh with its four references mtXX.en0 ... mtXX.en3.
+# --dry-run prints every command without running any. Steps whose output exists are skipped.
+set -euo pipefail
+
+REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+DRY_RUN=0
+if [[ "${1:-}" == "--dry-run" ]]; then DRY_RUN=1; shift; fi
+
+# ---- settings ------------------------------------------------------------------------------------
+NIST_DIR="${1:-${NIST_DIR:-$REPO_ROOT/nist-raw}}"
+OUT="${OUT:-$REPO_ROOT/nist-output}"
+TRAIN="${TRAIN:-train}"                 # NIST_DIR/$TRAIN.zh and .en: the LDC training pairs (~1.25M)
+DEV="${DEV:-mt02}"                      # validation set (fairseq's valid split)
+TESTS="${TESTS:-mt03 mt04 mt05 mt06}"   # test sets (fairseq's test, test1, test2, test3 splits)
+N_REFS="${N_REFS:-4}"                   # references per evaluation set: mtXX.en0 .. mtXX.en$((N_REFS - 1))
+SEGMENTER="${SEGMENTER:-stanza}"        # stanza: segment with stanza's zh tokenizer; none: *.zh is segmented already
+CLEAN_MAX_LEN="${CLEAN_MAX_LEN:-250}"   # drop training pairs longer than this (words, after segmentation)
+CLEAN_RATIO="${CLEAN_RATIO:-2.5}"       # ... or whose word-count ratio exceeds this
+BPE_MERGES="${BPE_MERGES:-32000}"       # Wang et al.: 32k merge operations
+PARSER="${PARSER:-stanza}"              # stanza (zh, GPU when present) or spacy (SPACY_MODEL: a Chinese pipeline)
+STANZA_DIR="${STANZA_DIR:-${STANZA_RESOURCES_DIR:-$HOME/stanza_resources}}"
+SPACY_MODEL="${SPACY_MODEL:-zh_core_web_sm}"
+PARSE_SHARDS="${PARSE_SHARDS:-8}"       # training parse in this many resumable shards
+PARSE_SHARD_ID="${PARSE_SHARD_ID:-}"    # set (0-based) to parse only that shard, e.g. one cluster job each
+PARSE_WORKERS="${PARSE_WORKERS:-1}"
+ARCH="${ARCH:-transformer_posattn_wmt_en_de}"   # Transformer-Base (Table 1); Table 2: transformer_posattn_vaswani_wmt_en_de_big
+VARIANTS="${VARIANTS:-4 6 7 9}"         # Table 2: Transformer, +Structural PE, +Rel. Seq. PE, +Structural PE
+STEPS="${STEPS:-corpus segment prepare parse binarize structure train generate compare}"
+MAX_UPDATE="${MAX_UPDATE:-100000}"
+MAX_TOKENS="${MAX_TOKENS:-4096}"
+UPDATE_FREQ="${UPDATE_FREQ:-8}"
+LR="${LR:-7e-4}"
+DROPOUT="${DROPOUT:-0.1}"
+FUSION="${FUSION:-nonlinear}"
+STRUCT_CLIP="${STRUCT_CLIP:-16}"
+SEQ_REL_CLIP="${SEQ_REL_CLIP:-16}"
+BEAM=4; LENPEN=0.6
+SEED="${SEED:-1}"
+EXTRA_TRAIN_FLAGS="${EXTRA_TRAIN_FLAGS:-}"
+# Joint BPE and one dictionary (what posattn-prepare-translation builds) but separate source embeddings:
+# Chinese and English share few subwords, so only the decoder's input and output embeddings are tied.
+TRAIN_FLAGS=(--arch "$ARCH" --share-decoder-input-output-embed --dropout "$DROPOUT"
+             --optimizer adam --adam-betas "(0.9, 0.98)" --clip-norm 0.0 --weight-decay 0.0
+             --lr "$LR" --lr-scheduler inverse_sqrt --warmup-updates 4000 --warmup-init-lr 1e-07
+             --criterion label_smoothed_cross_entropy --label-smoothing 0.1
+             --max-tokens "$MAX_TOKENS" --update-freq "$UPDATE_FREQ" --max-update "$MAX_UPDATE"
+             --seed "$SEED" --no-epoch-checkpoints --save-interval-updates 5000 --keep-interval-updates 1
+             --log-format simple --log-interval 100)
+# --------------------------------------------------------------------------------------------------
+
+declare -A ROW_NAME=([4]="transformer" [5]="+struct-abs" [6]="+struct-pe" [7]="+rel-seq-pe"
+                     [8]="+rel-seq-pe+struct-abs" [9]="+rel-seq-pe+struct-pe")
+STRUCT_ABS="--encoder-structural-fusion $FUSION"
+STRUCT_REL="--encoder-structural-clip $STRUCT_CLIP"
+declare -A ROW_FLAGS=(
+    [4]="--encoder-structural-positions none"
+    [5]="--encoder-structural-positions absolute $STRUCT_ABS"
+    [6]="--encoder-structural-positions both $STRUCT_ABS $STRUCT_REL"
+    [7]="--encoder-relative-positions $SEQ_REL_CLIP"
+    [8]="--encoder-relative-positions $SEQ_REL_CLIP --encoder-structural-positions absolute $STRUCT_ABS"
+    [9]="--encoder-relative-positions $SEQ_REL_CLIP --encoder-structural-positions both $STRUCT_ABS $STRUCT_REL"
+)
+for row in $VARIANTS; do
+    [[ -n "${ROW_FLAGS[$row]:-}" ]] || { echo "run.sh: VARIANTS takes Table 1 rows 4-9, got '$row'" >&2; exit 2; }
+done
+case "$PARSER" in
+    stanza) PARSER_ARGS=(--backend stanza --lang zh --stanza-dir "$STANZA_DIR" --workers "$PARSE_WORKERS") ;;
+    spacy)  PARSER_ARGS=(--backend spacy --model "$SPACY_MODEL" --workers "$PARSE_WORKERS") ;;
+    *) echo "run.sh: PARSER must be stanza or spacy, got '$PARSER'" >&2; exit 2 ;;
+esac
+[[ "$SEGMENTER" == stanza || "$SEGMENTER" == none ]] || { echo "run.sh: SEGMENTER must be stanza or none" >&2; exit 2; }
+
+USER_DIR="$REPO_ROOT/fairseq_posattn"
+RAW="$OUT/raw"; SEGMENTED="$OUT/segmented"; PREPARED="$OUT/prepared"; DATA_BIN="$OUT/data-bin"; LOGS="$OUT/logs"
+SRC=zh; TGT=en
+# evaluation sets under fairseq's split names: DEV -> valid, TESTS -> test, test1, test2, ...
+declare -A SPLIT_OF=([$DEV]=valid)
+EVAL_SETS=("$DEV"); k=0
+for set in $TESTS; do
+    if (( k == 0 )); then SPLIT_OF[$set]=test; else SPLIT_OF[$set]="test$k"; fi
+    EVAL_SETS+=("$set"); k=$((k + 1))
+done
+SPLITS=(train); for set in "${EVAL_SETS[@]}"; do SPLITS+=("${SPLIT_OF[$set]}"); done
+DEVICE_FLAGS=()
+python -c "import torch, sys; sys.exit(not torch.cuda.is_available())" 2>/dev/null || DEVICE_FLAGS=(--cpu)
+
+# run LOG CMD...: print CMD; unless --dry-run, run it with stdout and stderr in LOG (tail shown on failure)
+run() {
+    local log="$1"; shift
+    printf '+'; printf ' %q' "$@"; printf '\n'
+    (( DRY_RUN )) && return 0
+    "$@" > "$log" 2>&1 || { tail -n 30 "$log" >&2; echo "run.sh: failed, see $log" >&2; exit 1; }
+}
+# run_to FILE LOG CMD...: the same with stdout in FILE
+run_to() {
+    local file="$1" log="$2"; shift 2
+    printf '+'; printf ' %q' "$@"; printf ' > %q\n' "$file"
+    (( DRY_RUN )) && return 0
+    "$@" > "$file" 2> "$log" || { tail -n 30 "$log" >&2; echo "run.sh: failed, see $log" >&2; exit 1; }
+}
+want() { [[ " $STEPS " == *" $1 "* ]]; }
+start=$SECONDS
+stamp() { echo "==> [$((SECONDS - start)) s] $*"; }
+need() { (( DRY_RUN )) || [[ -f "$1" ]] || { echo "run.sh: missing $1 (see README.md for the layout)" >&2; exit 1; }; }
+# clean_pairs SRC TGT OUT_SRC OUT_TGT: keep pairs with both sides non-empty, at most CLEAN_MAX_LEN words
+# and a word-count ratio of at most CLEAN_RATIO; a pair with a tab inside is dropped (paste joins on tabs)
+clean_pairs() {
+    paste "$1" "$2" | awk -F'\t' -v max="$CLEAN_MAX_LEN" -v ratio="$CLEAN_RATIO" \
+        -v out_src="$3" -v out_tgt="$4" '
+        NF == 2 {
+            n = split($1, a, " "); m = split($2, b, " ")
+            if (n >= 1 && m >= 1 && n <= max && m <= max && n <= ratio * m && m <= ratio * n) {
+                print $1 > out_src; print $2 > out_tgt; kept++
+            }
+        }
+        END { printf "kept %d of %d pairs\n", kept, NR }'
+}
+# segment IN OUT: Chinese words separated by spaces (stanza), or IN as it is (SEGMENTER=none)
+segment() {
+    if [[ "$SEGMENTER" == stanza ]]; then
+        python "$REPO_ROOT/examples/nist_zh_en/segment_zh.py" --input "$1" --output "$2" --stanza-dir "$STANZA_DIR"
+    else
+        cp "$1" "$2"
+    fi
+}
+
+(( DRY_RUN )) || mkdir -p "$OUT" "$LOGS"
+
+# 1. raw splits under fairseq's names; an evaluation set's target side for binarizing is its first
+#    reference, BLEU uses all N_REFS
+if want corpus; then
+    stamp "corpus: $NIST_DIR -> $RAW"
+    (( DRY_RUN )) || mkdir -p "$RAW"
+    for lang in $SRC $TGT; do
+        need "$NIST_DIR/$TRAIN.$lang"
+        [[ -f "$RAW/train.$lang" ]] || run "$LOGS/corpus.log" cp "$NIST_DIR/$TRAIN.$lang" "$RAW/train.$lang"
+    done
+    for set in "${EVAL_SETS[@]}"; do
+        split="${SPLIT_OF[$set]}"
+        need "$NIST_DIR/$set.$SRC"
+        [[ -f "$RAW/$split.$SRC" ]] || run "$LOGS/corpus.log" cp "$NIST_DIR/$set.$SRC" "$RAW/$split.$SRC"
+        for ((r = 0; r < N_REFS; r++)); do
+            need "$NIST_DIR/$set.$TGT$r"
+            [[ -f "$RAW/$split.$TGT$r" ]] || run "$LOGS/corpus.log" cp "$NIST_DIR/$set.$TGT$r" "$RAW/$split.$TGT$r"
+        done
+        [[ -f "$RAW/$split.$TGT" ]] || run "$LOGS/corpus.log" cp "$RAW/$split.${TGT}0" "$RAW/$split.$TGT"
+    done
+fi
+
+# 2. Chinese word segmentation of every split; training pairs cleaned afterwards (word counts need words)
+if want segment; then
+    stamp "segment: $SEGMENTER -> $SEGMENTED"
+    (( DRY_RUN )) || mkdir -p "$SEGMENTED"
+    for split in "${SPLITS[@]}"; do
+        target="$SEGMENTED/$split.$SRC"; [[ "$split" == train ]] && target="$SEGMENTED/train-all.$SRC"
+        [[ -f "$target" || -f "$SEGMENTED/$split.$SRC" ]] || run "$LOGS/segment-$split.log" segment "$RAW/$split.$SRC" "$target"
+        [[ "$split" == train || -f "$SEGMENTED/$split.$TGT" ]] || run "$LOGS/segment-$split.log" cp "$RAW/$split.$TGT" "$SEGMENTED/$split.$TGT"
+    done
+    if [[ ! -f "$SEGMENTED/train.$SRC" ]]; then
+        run "$LOGS/clean.log" clean_pairs "$SEGMENTED/train-all.$SRC" "$RAW/train.$TGT" "$SEGMENTED/train.$SRC" "$SEGMENTED/train.$TGT"
+        (( DRY_RUN )) || { cat "$LOGS/clean.log"; rm "$SEGMENTED/train-all.$SRC"; }
+    fi
+fi
+
+# 3. Moses tokenization (the segmented Chinese keeps its words, loses attached punctuation) and joint BPE
+if want prepare; then
+    stamp "prepare: Moses + $BPE_MERGES joint BPE merges -> $PREPARED"
+    if [[ -f "$PREPARED/${SPLITS[-1]}.bpe.$TGT" ]]; then echo "    (done already)"; else
+        run "$LOGS/prepare.log" posattn-prepare-translation --raw-dir "$SEGMENTED" --out-dir "$PREPARED" \
+            --source-lang $SRC --target-lang $TGT --bpe-merges "$BPE_MERGES" --splits "${SPLITS[@]}"
+    fi
+fi
+
+# 4. dependency parse of the tokenized Chinese, pretokenized: the parse words are the Moses tokens
+if want parse; then
+    stamp "parse: $PARSER on $PREPARED/*.tok.$SRC ($PARSE_SHARDS training shards)"
+    for split in "${SPLITS[@]}"; do
+        [[ -f "$PREPARED/$split.conllu" ]] && continue
+        shards=1; [[ "$split" == train ]] && shards="$PARSE_SHARDS"
+        shard_args=(--num-shards "$shards")
+        [[ "$split" == train && -n "$PARSE_SHARD_ID" ]] && shard_args+=(--shard-id "$PARSE_SHARD_ID")
+        run "$LOGS/parse-$split.log" posattn-parse "${PARSER_ARGS[@]}" "${shard_args[@]}" \
+            --input "$PREPARED/$split.tok.$SRC" --output "$PREPARED/$split.conllu"
+    done
+    if [[ -n "$PARSE_SHARD_ID" ]]; then stamp "parsed training shard $PARSE_SHARD_ID only"; exit 0; fi
+fi
+
+# 5. fairseq-preprocess: --testpref with several prefixes gives the splits test, test1, test2, ...
+if want binarize; then
+    stamp "binarize: fairseq-preprocess -> $DATA_BIN"
+    if [[ -f "$DATA_BIN/dict.$SRC.txt" ]]; then echo "    (done already)"; else
+        test_prefixes=()
+        for set in $TESTS; do test_prefixes+=("$PREPARED/${SPLIT_OF[$set]}.bpe"); done
+        run "$LOGS/preprocess.log" fairseq-preprocess --source-lang $SRC --target-lang $TGT \
+            --trainpref "$PREPARED/train.bpe" --validpref "$PREPARED/valid.bpe" \
+            --testpref "$(IFS=,; echo "${test_prefixes[*]}")" \
+            --destdir "$DATA_BIN" --joined-dictionary --workers "$(nproc)"
+    fi
+fi
+
+# 6. structural side data next to the binarized source, same split names
+if want structure; then
+    stamp "structure: side data -> $DATA_BIN/*.structure.{bin,idx}"
+    for split in "${SPLITS[@]}"; do
+        [[ -f "$DATA_BIN/$split.$SRC-$TGT.$SRC.structure.idx" ]] && continue
+        run "$LOGS/structure-$split.log" posattn-prepare-structure --conllu "$PREPARED/$split.conllu" \
+            --bpe "$PREPARED/$split.bpe.$SRC" --destdir "$DATA_BIN" --split "$split" \
+            --source-lang $SRC --target-lang $TGT
+    done
+fi
+
+# 7. one model per variant, one after the other. An interrupted training resumes from
+#    checkpoint_last.pt; a finished one is skipped (fairseq-train would make one more update)
+if want train; then
+    for row in $VARIANTS; do
+        save_dir="$OUT/checkpoints/row$row"
+        if [[ -f "$save_dir/trained-updates" && "$(< "$save_dir/trained-updates")" == "$MAX_UPDATE" ]]; then
+            stamp "train: ${ROW_NAME[$row]}: trained already ($MAX_UPDATE updates)"; continue
+        fi
+        stamp "train: ${ROW_NAME[$row]} (Table 1 row $row), $MAX_UPDATE updates -> $LOGS/train-row$row.log"
+        # shellcheck disable=SC2086  # ROW_FLAGS and EXTRA_TRAIN_FLAGS are word lists
+        run "$LOGS/train-row$row.log" fairseq-train "$DATA_BIN" --user-dir "$USER_DIR" \
+            --task translation_structural --source-lang $SRC --target-lang $TGT \
+            "${TRAIN_FLAGS[@]}" ${ROW_FLAGS[$row]} "${DEVICE_FLAGS[@]}" $EXTRA_TRAIN_FLAGS \
+            --save-dir "$save_dir"
+        (( DRY_RUN )) || echo "$MAX_UPDATE" > "$save_dir/trained-updates"
+    done
+fi
+
+# 8. every evaluation set with every model; --required-batch-size-multiple 1 keeps the last batch
+if want generate; then
+    for row in $VARIANTS; do
+        for set in "${EVAL_SETS[@]}"; do
+            split="${SPLIT_OF[$set]}"
+            stamp "generate: ${ROW_NAME[$row]} on $set ($split)"
+            run "$LOGS/generate-row$row-$split.log" fairseq-generate "$DATA_BIN" --user-dir "$USER_DIR" \
+                --task translation_structural --source-lang $SRC --target-lang $TGT \
+                --path "$OUT/checkpoints/row$row/checkpoint_best.pt" --gen-subset "$split" \
+                --beam $BEAM --lenpen $LENPEN --remove-bpe --max-tokens 8000 \
+                --required-batch-size-multiple 1 "${DEVICE_FLAGS[@]}" --results-path "$OUT/generate/row$row"
+        done
+    done
+fi
+
+# 9. per evaluation set: case-insensitive BLEU against all references (detokenized sacreBLEU and Moses-
+#    tokenized BLEU, as NIST results are usually reported), signatures, paired bootstrap vs the baseline
+if want compare; then
+    (( DRY_RUN )) || : > "$OUT/results.md"
+    for set in "${EVAL_SETS[@]}"; do
+        split="${SPLIT_OF[$set]}"
+        stamp "compare: $set -> $OUT/results-$set.md"
+        refs=()
+        for ((r = 0; r < N_REFS; r++)); do refs+=(--ref "$RAW/$split.$TGT$r"); done
+        systems=()
+        for row in $VARIANTS; do systems+=("${ROW_NAME[$row]}=$OUT/generate/row$row/generate-$split.txt"); done
+        run_to "$OUT/results-$set.md" "$LOGS/compare-$set.log" posattn-compare "${refs[@]}" --target-lang $TGT \
+            --lowercase --tokenized-bleu --no-compound-split "${systems[@]}"
+        (( DRY_RUN )) || printf '## %s\n\n%s\n\n' "$set" "$(cat "$OUT/results-$set.md")" >> "$OUT/results.md"
+    done
+    (( DRY_RUN )) || cat "$OUT/results.md"
+fi
+stamp "done"

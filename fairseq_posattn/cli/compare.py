@@ -1,0 +1,86 @@
+"""``posattn-compare``: a markdown table of several systems' BLEU against a baseline, with sacrebleu
+signatures, 95% confidence intervals and paired bootstrap p-values.
+
+    posattn-compare --ref test.de baseline=gen-baseline.txt struct-abs=gen-abs.txt struct-both=gen-both.txt
+
+Each system is NAME=PATH; the first is the baseline. PATH is a ``fairseq-generate --remove-bpe`` output
+(its ``H-<id>`` lines are put in id order and Moses-detokenized) or a plain file of detokenized
+hypotheses, one per reference line (``--input-format`` to force either). ``--ref`` takes the raw
+reference file; repeat it for multi-reference test sets (NIST: four).
+
+Columns: sacreBLEU on detokenized text; the difference to the baseline; the bootstrap mean and the
+half-width of its 95% interval; the p-value of sacrebleu's paired bootstrap resampling (Koehn 2004)
+against the baseline (a system identical to the baseline gets 1); the short signature.
+``--tokenized-bleu`` adds the same table for the customary tokenized BLEU of the WMT14 English-German
+papers (Moses tokenization, compounds split as ``##AT##-##AT##``, sacrebleu ``--tokenize none``);
+``--no-compound-split`` leaves hyphens alone (the usual tokenized BLEU for other targets). The seed of
+the resampling is sacrebleu's: ``SACREBLEU_SEED`` (default 12345), shown in the signatures.
+"""
+
+import argparse
+import sys
+from typing import List, Optional, Tuple
+
+from fairseq_posattn.cli import setup_logging
+from fairseq_posattn.cli.score import target_language
+from fairseq_posattn.data.significance import (INPUT_FORMATS, compare_systems, markdown_table, read_references,
+                                               read_system)
+
+
+def named_system(text: str) -> Tuple[str, str]:
+    """``NAME=PATH`` -> ``(NAME, PATH)``."""
+    name, sep, path = text.partition("=")
+    if not sep or not name or not path:
+        raise argparse.ArgumentTypeError(f"expected NAME=PATH, got {text!r}")
+    return name, path
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="posattn-compare", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("systems", nargs="+", type=named_system, metavar="NAME=PATH",
+                        help="systems to compare; the first is the baseline")
+    parser.add_argument("--ref", required=True, action="append",
+                        help="raw reference file, one sentence per line; repeat the option for "
+                             "multi-reference BLEU (--ref ref0 --ref ref1 ...)")
+    parser.add_argument("--target-lang", "-t", default=None,
+                        help="target language for the Moses detokenizer and tokenizer "
+                             "(default: the first reference file's suffix, e.g. de for test.de)")
+    parser.add_argument("--input-format", choices=INPUT_FORMATS, default="auto",
+                        help="auto: fairseq-generate output when a file has H-<id> lines, else plain "
+                             "detokenized text (default: %(default)s)")
+    parser.add_argument("--tokenized-bleu", action="store_true",
+                        help="also the tokenized BLEU of the WMT14 en-de papers (Moses tokens, "
+                             "compounds split as ##AT##-##AT##), with its own significance")
+    parser.add_argument("--no-compound-split", action="store_true",
+                        help="tokenized BLEU without the ##AT## compound splitting")
+    parser.add_argument("--lowercase", "-lc", action="store_true", help="case-insensitive BLEU (every table)")
+    parser.add_argument("--paired-bs-n", type=int, default=1000,
+                        help="bootstrap resamples (default: %(default)s, as sacrebleu)")
+    parser.add_argument("--paired-jobs", type=int, default=1,
+                        help="processes for the paired tests, one per system at most; 0 = automatic "
+                             "(default: %(default)s)")
+    return parser
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if len(args.systems) < 2:
+        parser.error("give a baseline and at least one other system")
+    setup_logging()
+    lang = target_language(argparse.Namespace(target_lang=args.target_lang, ref=args.ref[0]), parser)
+    try:
+        references = read_references(args.ref)
+        systems = [(name, read_system(path, lang, args.ref[0], len(references[0]), args.input_format))
+                   for name, path in args.systems]
+        comparisons = compare_systems(systems, references, lang, tokenized_bleu=args.tokenized_bleu,
+                                      split_compounds=not args.no_compound_split, lowercase=args.lowercase,
+                                      n_samples=args.paired_bs_n, n_jobs=args.paired_jobs)
+    except (ValueError, FileNotFoundError) as e:
+        sys.exit(f"posattn-compare: error: {e}")
+    print("\n\n".join(markdown_table(comparison, args.systems[0][0]) for comparison in comparisons))
+
+
+if __name__ == "__main__":
+    main()
