@@ -30,7 +30,7 @@ SEED="${SEED:-1}"
 BEAM=5
 EXTRA_TRAIN_FLAGS="${EXTRA_TRAIN_FLAGS:-}"   # e.g. "--fp16" on a GPU
 case "$PRESET" in
-    small)  # 3+3 layers, 128 dim: 1,500 updates of 2,048 tokens (~7 epochs) per model, 3 models at once
+    small)  # 3+3 layers, 128 dim: 1,500 updates of 2,048 tokens (5.5 epochs) per model, 3 models at once
         MODEL_FLAGS=(--arch transformer_posattn --encoder-layers 3 --decoder-layers 3
                      --encoder-embed-dim 128 --decoder-embed-dim 128
                      --encoder-ffn-embed-dim 512 --decoder-ffn-embed-dim 512
