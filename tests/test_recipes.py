@@ -47,7 +47,8 @@ def test_tokenized_bleu_of_a_german_line_with_a_hyphenated_compound():
     ref = "Ein Mann im roten T-Shirt fährt nach Baden-Württemberg."
     assert tokenize_for_bleu([hyp], "de") == ["Ein Mann im T ##AT##-##AT## Shirt fährt nach "
                                               "Baden ##AT##-##AT## Württemberg ."]
-    assert tokenize_for_bleu([hyp], "de", split_compounds=False) == ["Ein Mann im T-Shirt fährt nach Baden-Württemberg ."]
+    assert tokenize_for_bleu([hyp], "de", split_compounds=False) == [
+        "Ein Mann im T-Shirt fährt nach Baden-Württemberg ."]
     comparison, = [c for c in compare_systems([("a", [hyp]), ("b", [ref])], [[ref]], "de", tokenized_bleu=True,
                                               n_samples=10) if c.title.startswith("tokenized")]
     expected = BLEU(tokenize="none").corpus_score(tokenize_for_bleu([hyp], "de"), [tokenize_for_bleu([ref], "de")])
@@ -210,7 +211,8 @@ def sgm(lines: List[str], setid: str) -> List[str]:
 
 def fake_wmt14(raw) -> None:
     """statmt.org's WMT14 layout, filled with Multi30k lines (32 training pairs, 2 of them bad)."""
-    for i, corpus in enumerate(("training/europarl-v7.de-en", "commoncrawl.de-en", "training/news-commentary-v9.de-en")):
+    corpora = ("training/europarl-v7.de-en", "commoncrawl.de-en", "training/news-commentary-v9.de-en")
+    for i, corpus in enumerate(corpora):
         (raw / corpus).parent.mkdir(parents=True, exist_ok=True)
         en, de = sample_lines("train", "en", 10 * i, 10), sample_lines("train", "de", 10 * i, 10)
         if i == 0:  # an empty line and a pair far too long on one side: both cleaned away

@@ -19,7 +19,7 @@ if [[ "${1:-}" == "--dry-run" ]]; then DRY_RUN=1; shift; fi
 # ---- settings ------------------------------------------------------------------------------------
 DATA="${1:-${MULTI30K_DIR:-$(dirname "$REPO_ROOT")/shared/data/multi30k}}"
 OUT="${OUT:-$REPO_ROOT/multi30k-output}"
-PRESET="${PRESET:-small}"            # small: ~35 min on 2 CPU cores; paper: transformer_posattn_iwslt_de_en, GPU
+PRESET="${PRESET:-small}"            # small: 21 min on 2 idle CPU cores; paper: transformer_posattn_iwslt_de_en, GPU
 VARIANTS="${VARIANTS:-4 5 6}"        # Table 1 rows to train, the first is the baseline of the table
 STEPS="${STEPS:-prepare parse binarize structure train generate compare}"
 FUSION="${FUSION:-nonlinear}"        # absolute structural + sequential: the paper's non-linear fusion (Eq. 7)

@@ -14,7 +14,6 @@ Systems come as ``fairseq-generate --remove-bpe`` outputs (``H-<id>`` lines, Mos
 put in id order and detokenized) or as plain detokenized text, one hypothesis per line.
 """
 
-import logging
 import re
 from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple
@@ -25,8 +24,6 @@ from sacremoses import MosesTokenizer
 
 from fairseq_posattn.data.generate_output import hypotheses_in_order, parse_hypotheses
 from fairseq_posattn.data.text_pipeline import detokenize_lines, read_lines
-
-logger = logging.getLogger(__name__)
 
 #: ``a-b`` -> ``a ##AT##-##AT## b``, non-overlapping left to right exactly like the Perl original
 #: ``s{(\S)-(\S)}{$1 ##AT##-##AT## $2}g`` (so ``a-b-c`` becomes ``a ##AT##-##AT## b-c``).
