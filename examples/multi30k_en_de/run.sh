@@ -47,7 +47,7 @@ case "$PRESET" in
         ;;
     *) echo "run.sh: PRESET must be small or paper, got '$PRESET'" >&2; exit 2 ;;
 esac
-TRAIN_FLAGS=(--optimizer adam --adam-betas "(0.9, 0.98)" --clip-norm 0.0 --weight-decay 0.0001
+TRAIN_FLAGS=("${MODEL_FLAGS[@]}" --optimizer adam --adam-betas "(0.9, 0.98)" --clip-norm 0.0 --weight-decay 0.0001
              --lr "$LR" --lr-scheduler inverse_sqrt --warmup-updates "$WARMUP" --warmup-init-lr 1e-07
              --criterion label_smoothed_cross_entropy --label-smoothing 0.1
              --max-tokens "$MAX_TOKENS" --max-update "$MAX_UPDATE" --seed "$SEED"
@@ -55,27 +55,11 @@ TRAIN_FLAGS=(--optimizer adam --adam-betas "(0.9, 0.98)" --clip-norm 0.0 --weigh
              --no-epoch-checkpoints --log-format simple --log-interval 100)
 # --------------------------------------------------------------------------------------------------
 
-# Table 1 rows: name and encoder flags. Rows 1-3 drop the sequential positions with fairseq's
-# --no-token-positional-embeddings, which drops the decoder's too (the paper keeps those).
+# Table 1 rows offered, with their names (flags: examples/lib/structural_recipe.sh)
 declare -A ROW_NAME=([1]="1:none" [2]="2:struct-abs" [3]="3:struct-rel" [4]="4:seq-abs"
                      [5]="5:seq-abs+struct-abs" [6]="6:seq-abs+struct-abs+rel" [7]="7:seq-abs+rel"
                      [8]="8:seq-abs+rel+struct-abs" [9]="9:seq-abs+rel+struct-abs+rel")
-STRUCT_ABS="--encoder-structural-fusion $FUSION"
-STRUCT_REL="--encoder-structural-clip $STRUCT_CLIP"
-declare -A ROW_FLAGS=(
-    [1]="--no-token-positional-embeddings"
-    [2]="--no-token-positional-embeddings --encoder-structural-positions absolute"
-    [3]="--no-token-positional-embeddings --encoder-structural-positions relative $STRUCT_REL"
-    [4]="--encoder-structural-positions none"
-    [5]="--encoder-structural-positions absolute $STRUCT_ABS"
-    [6]="--encoder-structural-positions both $STRUCT_ABS $STRUCT_REL"
-    [7]="--encoder-relative-positions $SEQ_REL_CLIP"
-    [8]="--encoder-relative-positions $SEQ_REL_CLIP --encoder-structural-positions absolute $STRUCT_ABS"
-    [9]="--encoder-relative-positions $SEQ_REL_CLIP --encoder-structural-positions both $STRUCT_ABS $STRUCT_REL"
-)
-for row in $VARIANTS; do
-    [[ -n "${ROW_FLAGS[$row]:-}" ]] || { echo "run.sh: VARIANTS takes Table 1 rows 1-9, got '$row'" >&2; exit 2; }
-done
+source "$REPO_ROOT/examples/lib/structural_recipe.sh"  # Table 1 row flags, run/want/stamp, shared steps
 
 USER_DIR="$REPO_ROOT/fairseq_posattn"
 RAW="$OUT/raw"; PREPARED="$OUT/prepared"; DATA_BIN="$OUT/data-bin"; LOGS="$OUT/logs"
@@ -88,34 +72,6 @@ if (( DRY_RUN )); then JOBS=1; fi
 DEVICE_FLAGS=()
 python -c "import torch, sys; sys.exit(not torch.cuda.is_available())" 2>/dev/null || DEVICE_FLAGS=(--cpu)
 
-# run LOG CMD...: print CMD; unless --dry-run, run it with stdout and stderr in LOG (tail shown on failure)
-run() {
-    local log="$1"; shift
-    printf '+'; printf ' %q' "$@"; printf '\n'
-    (( DRY_RUN )) && return 0
-    "$@" > "$log" 2>&1 || { tail -n 30 "$log" >&2; echo "run.sh: failed, see $log" >&2; exit 1; }
-}
-# run_to FILE LOG CMD...: the same with stdout in FILE
-run_to() {
-    local file="$1" log="$2"; shift 2
-    printf '+'; printf ' %q' "$@"; printf ' > %q\n' "$file"
-    (( DRY_RUN )) && return 0
-    "$@" > "$file" 2> "$log" || { tail -n 30 "$log" >&2; echo "run.sh: failed, see $log" >&2; exit 1; }
-}
-# in_parallel FUNC ARG...: FUNC ARG for every ARG, at most $JOBS at a time; fails if any failed
-in_parallel() {
-    local fn="$1" failed=0 pid; shift
-    local pids=()
-    for arg in "$@"; do
-        if (( ${#pids[@]} >= JOBS )); then wait "${pids[0]}" || failed=1; pids=("${pids[@]:1}"); fi
-        "$fn" "$arg" & pids+=($!)
-    done
-    for pid in "${pids[@]}"; do wait "$pid" || failed=1; done
-    return "$failed"
-}
-want() { [[ " $STEPS " == *" $1 "* ]]; }
-start=$SECONDS
-stamp() { echo "==> [$((SECONDS - start)) s] $*"; }
 tag() { echo "row$1"; }
 
 (( DRY_RUN )) || mkdir -p "$OUT" "$LOGS"
@@ -158,30 +114,9 @@ if want binarize; then
 fi
 
 # 4. structural side data (tree depth per BPE piece + EOS) next to the binarized source
-if want structure; then
-    stamp "structure: side data -> $DATA_BIN/*.structure.{bin,idx}"
-    for split in "${SPLITS[@]}"; do
-        [[ -f "$DATA_BIN/$split.$SRC-$TGT.$SRC.structure.idx" ]] && continue
-        run "$LOGS/structure-$split.log" posattn-prepare-structure --conllu "$PREPARED/$split.conllu" \
-            --bpe "$PREPARED/$split.bpe.$SRC" --destdir "$DATA_BIN" --split "$split" \
-            --source-lang $SRC --target-lang $TGT
-    done
-fi
+if want structure; then structure_step; fi
 
-# 5. one model per Table 1 row, $JOBS at a time. An interrupted training resumes from checkpoint_last.pt;
-#    a finished one is skipped (fairseq-train would make one more update and overwrite its checkpoints)
-train_row() {
-    local row="$1" save_dir="$OUT/checkpoints/$(tag "$1")"
-    if [[ -f "$save_dir/trained-updates" && "$(< "$save_dir/trained-updates")" == "$MAX_UPDATE" ]]; then
-        echo "    $(tag "$row"): trained already ($MAX_UPDATE updates)"; return 0
-    fi
-    # shellcheck disable=SC2086  # ROW_FLAGS and EXTRA_TRAIN_FLAGS are word lists
-    run "$LOGS/train-$(tag "$row").log" fairseq-train "$DATA_BIN" --user-dir "$USER_DIR" \
-        --task translation_structural --source-lang $SRC --target-lang $TGT \
-        "${MODEL_FLAGS[@]}" ${ROW_FLAGS[$row]} "${TRAIN_FLAGS[@]}" "${DEVICE_FLAGS[@]}" $EXTRA_TRAIN_FLAGS \
-        --save-dir "$save_dir"
-    (( DRY_RUN )) || echo "$MAX_UPDATE" > "$save_dir/trained-updates"
-}
+# 5. one model per Table 1 row (train_row), $JOBS at a time
 if want train; then
     stamp "train: rows $VARIANTS, $MAX_UPDATE updates each, $JOBS at a time (logs: $LOGS/train-row*.log)"
     # shellcheck disable=SC2086

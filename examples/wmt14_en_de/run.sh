@@ -59,19 +59,7 @@ TRAIN_FLAGS=(--arch "$ARCH" --share-all-embeddings --dropout "$DROPOUT"
 
 declare -A ROW_NAME=([4]="transformer" [5]="+struct-abs" [6]="+struct-pe" [7]="+rel-seq-pe"
                      [8]="+rel-seq-pe+struct-abs" [9]="+rel-seq-pe+struct-pe")
-STRUCT_ABS="--encoder-structural-fusion $FUSION"
-STRUCT_REL="--encoder-structural-clip $STRUCT_CLIP"
-declare -A ROW_FLAGS=(
-    [4]="--encoder-structural-positions none"
-    [5]="--encoder-structural-positions absolute $STRUCT_ABS"
-    [6]="--encoder-structural-positions both $STRUCT_ABS $STRUCT_REL"
-    [7]="--encoder-relative-positions $SEQ_REL_CLIP"
-    [8]="--encoder-relative-positions $SEQ_REL_CLIP --encoder-structural-positions absolute $STRUCT_ABS"
-    [9]="--encoder-relative-positions $SEQ_REL_CLIP --encoder-structural-positions both $STRUCT_ABS $STRUCT_REL"
-)
-for row in $VARIANTS; do
-    [[ -n "${ROW_FLAGS[$row]:-}" ]] || { echo "run.sh: VARIANTS takes Table 1 rows 4-9, got '$row'" >&2; exit 2; }
-done
+source "$REPO_ROOT/examples/lib/structural_recipe.sh"  # Table 1 row flags, run/want/stamp, shared steps
 case "$PARSER" in
     stanza) PARSER_ARGS=(--backend stanza --lang en --stanza-dir "$STANZA_DIR" --workers "$PARSE_WORKERS") ;;
     spacy)  PARSER_ARGS=(--backend spacy --model "$SPACY_MODEL" --workers "$PARSE_WORKERS") ;;
@@ -85,23 +73,6 @@ SPLITS=(train valid test)
 DEVICE_FLAGS=()
 python -c "import torch, sys; sys.exit(not torch.cuda.is_available())" 2>/dev/null || DEVICE_FLAGS=(--cpu)
 
-# run LOG CMD...: print CMD; unless --dry-run, run it with stdout and stderr in LOG (tail shown on failure)
-run() {
-    local log="$1"; shift
-    printf '+'; printf ' %q' "$@"; printf '\n'
-    (( DRY_RUN )) && return 0
-    "$@" > "$log" 2>&1 || { tail -n 30 "$log" >&2; echo "run.sh: failed, see $log" >&2; exit 1; }
-}
-# run_to FILE LOG CMD...: the same with stdout in FILE
-run_to() {
-    local file="$1" log="$2"; shift 2
-    printf '+'; printf ' %q' "$@"; printf ' > %q\n' "$file"
-    (( DRY_RUN )) && return 0
-    "$@" > "$file" 2> "$log" || { tail -n 30 "$log" >&2; echo "run.sh: failed, see $log" >&2; exit 1; }
-}
-want() { [[ " $STEPS " == *" $1 "* ]]; }
-start=$SECONDS
-stamp() { echo "==> [$((SECONDS - start)) s] $*"; }
 need() { (( DRY_RUN )) || [[ -f "$1" ]] || { echo "run.sh: missing $1 (see README.md for the layout)" >&2; exit 1; }; }
 # text_of FILE: the sentences of a plain-text or NIST/WMT .sgm file, one per line (as sacrebleu reads .sgm)
 text_of() {
@@ -198,31 +169,14 @@ if want binarize; then
 fi
 
 # 5. structural side data next to the binarized source
-if want structure; then
-    stamp "structure: side data -> $DATA_BIN/*.structure.{bin,idx}"
-    for split in "${SPLITS[@]}"; do
-        [[ -f "$DATA_BIN/$split.$SRC-$TGT.$SRC.structure.idx" ]] && continue
-        run "$LOGS/structure-$split.log" posattn-prepare-structure --conllu "$PREPARED/$split.conllu" \
-            --bpe "$PREPARED/$split.bpe.$SRC" --destdir "$DATA_BIN" --split "$split" \
-            --source-lang $SRC --target-lang $TGT
-    done
-fi
+if want structure; then structure_step; fi
 
 # 6. one model per variant, one after the other. An interrupted training resumes from
 #    checkpoint_last.pt; a finished one is skipped (fairseq-train would make one more update)
 if want train; then
     for row in $VARIANTS; do
-        save_dir="$OUT/checkpoints/row$row"
-        if [[ -f "$save_dir/trained-updates" && "$(< "$save_dir/trained-updates")" == "$MAX_UPDATE" ]]; then
-            stamp "train: ${ROW_NAME[$row]}: trained already ($MAX_UPDATE updates)"; continue
-        fi
         stamp "train: ${ROW_NAME[$row]} (Table 1 row $row), $MAX_UPDATE updates -> $LOGS/train-row$row.log"
-        # shellcheck disable=SC2086  # ROW_FLAGS and EXTRA_TRAIN_FLAGS are word lists
-        run "$LOGS/train-row$row.log" fairseq-train "$DATA_BIN" --user-dir "$USER_DIR" \
-            --task translation_structural --source-lang $SRC --target-lang $TGT \
-            "${TRAIN_FLAGS[@]}" ${ROW_FLAGS[$row]} "${DEVICE_FLAGS[@]}" $EXTRA_TRAIN_FLAGS \
-            --save-dir "$save_dir"
-        (( DRY_RUN )) || echo "$MAX_UPDATE" > "$save_dir/trained-updates"
+        train_row "$row"
     done
 fi
 

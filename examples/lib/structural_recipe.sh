@@ -1,0 +1,84 @@
+# Shared steps of the structural-position recipes (multi30k_en_de, wmt14_en_de, nist_zh_en).
+# Sourced by each run.sh after its settings; it reads DRY_RUN, STEPS, JOBS, FUSION, STRUCT_CLIP,
+# SEQ_REL_CLIP, VARIANTS, ROW_NAME, OUT, LOGS, PREPARED, DATA_BIN, SPLITS, SRC, TGT, USER_DIR,
+# TRAIN_FLAGS, DEVICE_FLAGS, EXTRA_TRAIN_FLAGS and MAX_UPDATE.
+
+# Encoder flags of Wang et al.'s Table 1 rows. Rows 1-3 drop the sequential positions with fairseq's
+# --no-token-positional-embeddings, which drops the decoder's too (the paper keeps those).
+STRUCT_ABS="--encoder-structural-fusion $FUSION"
+STRUCT_REL="--encoder-structural-clip $STRUCT_CLIP"
+declare -A ROW_FLAGS=(
+    [1]="--no-token-positional-embeddings"
+    [2]="--no-token-positional-embeddings --encoder-structural-positions absolute"
+    [3]="--no-token-positional-embeddings --encoder-structural-positions relative $STRUCT_REL"
+    [4]="--encoder-structural-positions none"
+    [5]="--encoder-structural-positions absolute $STRUCT_ABS"
+    [6]="--encoder-structural-positions both $STRUCT_ABS $STRUCT_REL"
+    [7]="--encoder-relative-positions $SEQ_REL_CLIP"
+    [8]="--encoder-relative-positions $SEQ_REL_CLIP --encoder-structural-positions absolute $STRUCT_ABS"
+    [9]="--encoder-relative-positions $SEQ_REL_CLIP --encoder-structural-positions both $STRUCT_ABS $STRUCT_REL"
+)
+# the rows a recipe offers are the keys of its ROW_NAME
+for row in $VARIANTS; do
+    [[ -n "${ROW_NAME[$row]:-}" ]] || {
+        echo "run.sh: VARIANTS takes Table 1 rows $(printf '%s ' "${!ROW_NAME[@]}" | tr ' ' '\n' | sort -n | xargs), got '$row'" >&2
+        exit 2
+    }
+done
+
+# run LOG CMD...: print CMD; unless --dry-run, run it with stdout and stderr in LOG (tail shown on failure)
+run() {
+    local log="$1"; shift
+    printf '+'; printf ' %q' "$@"; printf '\n'
+    (( DRY_RUN )) && return 0
+    "$@" > "$log" 2>&1 || { tail -n 30 "$log" >&2; echo "run.sh: failed, see $log" >&2; exit 1; }
+}
+# run_to FILE LOG CMD...: the same with stdout in FILE
+run_to() {
+    local file="$1" log="$2"; shift 2
+    printf '+'; printf ' %q' "$@"; printf ' > %q\n' "$file"
+    (( DRY_RUN )) && return 0
+    "$@" > "$file" 2> "$log" || { tail -n 30 "$log" >&2; echo "run.sh: failed, see $log" >&2; exit 1; }
+}
+# in_parallel FUNC ARG...: FUNC ARG for every ARG, at most $JOBS at a time; fails if any failed
+in_parallel() {
+    local fn="$1" failed=0 pid; shift
+    local pids=()
+    for arg in "$@"; do
+        if (( ${#pids[@]} >= JOBS )); then wait "${pids[0]}" || failed=1; pids=("${pids[@]:1}"); fi
+        "$fn" "$arg" & pids+=($!)
+    done
+    for pid in "${pids[@]}"; do wait "$pid" || failed=1; done
+    return "$failed"
+}
+want() { [[ " $STEPS " == *" $1 "* ]]; }
+start=$SECONDS
+stamp() { echo "==> [$((SECONDS - start)) s] $*"; }
+
+# structure_step: the side data (tree depth and DFS times per BPE piece + EOS) of every split,
+# next to the binarized source; a split that has it already is skipped
+structure_step() {
+    stamp "structure: side data -> $DATA_BIN/*.structure.{bin,idx}"
+    for split in "${SPLITS[@]}"; do
+        [[ -f "$DATA_BIN/$split.$SRC-$TGT.$SRC.structure.idx" ]] && continue
+        run "$LOGS/structure-$split.log" posattn-prepare-structure --conllu "$PREPARED/$split.conllu" \
+            --bpe "$PREPARED/$split.bpe.$SRC" --destdir "$DATA_BIN" --split "$split" \
+            --source-lang $SRC --target-lang $TGT
+    done
+}
+
+# train_row ROW: one model for Table 1 row ROW in $OUT/checkpoints/rowROW. An interrupted training
+# resumes from checkpoint_last.pt; a finished one is skipped (fairseq-train would make one more
+# update and overwrite its checkpoints)
+train_row() {
+    local row="$1" save_dir="$OUT/checkpoints/row$1"
+    if [[ -f "$save_dir/trained-updates" && "$(< "$save_dir/trained-updates")" == "$MAX_UPDATE" ]]; then
+        echo "    row$row: trained already ($MAX_UPDATE updates)"; return 0
+    fi
+    # shellcheck disable=SC2086  # ROW_FLAGS and EXTRA_TRAIN_FLAGS are word lists
+    run "$LOGS/train-row$row.log" fairseq-train "$DATA_BIN" --user-dir "$USER_DIR" \
+        --task translation_structural --source-lang $SRC --target-lang $TGT \
+        "${TRAIN_FLAGS[@]}" ${ROW_FLAGS[$row]} "${DEVICE_FLAGS[@]}" $EXTRA_TRAIN_FLAGS \
+        --save-dir "$save_dir"
+    (( DRY_RUN )) || echo "$MAX_UPDATE" > "$save_dir/trained-updates"
+}
