@@ -18,5 +18,7 @@ setup(
         "posattn-prepare-structure = fairseq_posattn.cli.prepare_structure:main",
         "posattn-compare = fairseq_posattn.cli.compare:main",
         "posattn-inspect = fairseq_posattn.cli.inspect:main",
+        "posattn-prepare-tagging = fairseq_posattn.cli.prepare_tagging:main",
+        "posattn-tag = fairseq_posattn.cli.tag:main",
     ]},
 )

@@ -1,1 +1,6 @@
-from fairseq_posattn.models import attentive_lstm_lm, transformer_lm_posattn, transformer_posattn  # noqa: F401
+from fairseq_posattn.models import (  # noqa: F401
+    attentive_lstm_lm,
+    san_tagger,
+    transformer_lm_posattn,
+    transformer_posattn,
+)

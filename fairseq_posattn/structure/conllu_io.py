@@ -35,21 +35,43 @@ class ConlluSentence(NamedTuple):
 
 def read_conllu(path: str) -> Iterator[ConlluSentence]:
     """Yield the sentences of a CoNLL-U file in order, checking columns, IDs and trees."""
-    with _open_text(path) as lines:
+    for block in iter_blocks(path):
+        sentence = _parse_block(path, block)
+        if sentence is not None:
+            yield sentence
+
+
+def iter_blocks(path: str) -> Iterator[List[Tuple[int, str]]]:
+    """Yield the blank-line separated blocks of a CoNLL-U file as ``(line number, line)`` lists."""
+    with open_text(path) as lines:
         block: List[Tuple[int, str]] = []
         for number, line in enumerate(lines, start=1):
             line = line.rstrip("\r\n")
             if line.strip():
                 block.append((number, line))
             elif block:
-                sentence = _parse_block(path, block)
+                yield block
                 block = []
-                if sentence is not None:
-                    yield sentence
         if block:
-            sentence = _parse_block(path, block)
-            if sentence is not None:
-                yield sentence
+            yield block
+
+
+def split_columns(path: str, number: int, line: str) -> List[str]:
+    """The ten columns of a token line; raises ValueError naming ``path:number`` otherwise."""
+    cols = line.split("\t")
+    if len(cols) != N_COLUMNS:
+        raise ValueError(f"{path}:{number}: expected {N_COLUMNS} tab-separated columns ({COLUMNS}), "
+                         f"found {len(cols)}; CoNLL-U separates columns by single tabs, not spaces")
+    return cols
+
+
+def is_word_line(path: str, number: int, word_id: str, expected: int) -> bool:
+    """False for multiword-token (``3-4``) and empty-node (``5.1``) lines, True for the next syntactic
+    word; raises ValueError naming ``path:number`` for a malformed or out-of-sequence ID."""
+    if _RANGE_ID.fullmatch(word_id) or _EMPTY_NODE_ID.fullmatch(word_id):
+        return False
+    _check_word_id(path, number, word_id, expected)
+    return True
 
 
 def write_conllu(path: str, sentences: Iterable[Sequence], first_id: int = 1,
@@ -90,7 +112,7 @@ def format_sentence(words: Sequence[str], heads: Sequence[int], deprels: Sequenc
     return "\n".join(lines) + "\n\n"
 
 
-def _open_text(path: str) -> IO[str]:
+def open_text(path: str) -> IO[str]:
     if path.endswith(".gz"):
         return gzip.open(path, "rt", encoding="utf-8-sig")
     return open(path, encoding="utf-8-sig")
@@ -105,13 +127,9 @@ def _parse_block(path: str, block: List[Tuple[int, str]]) -> Optional[ConlluSent
     for number, line in block:
         if line.startswith("#"):
             continue
-        cols = line.split("\t")
-        if len(cols) != N_COLUMNS:
-            raise ValueError(f"{path}:{number}: expected {N_COLUMNS} tab-separated columns ({COLUMNS}), "
-                             f"found {len(cols)}; CoNLL-U separates columns by single tabs, not spaces")
-        if _RANGE_ID.fullmatch(cols[0]) or _EMPTY_NODE_ID.fullmatch(cols[0]):
+        cols = split_columns(path, number, line)
+        if not is_word_line(path, number, cols[0], len(words) + 1):
             continue  # multiword token or empty node: not a word of the basic tree
-        _check_word_id(path, number, cols[0], len(words) + 1)
         if not _HEAD.fullmatch(cols[6]):
             raise ValueError(f"{path}:{number}: HEAD (column 7) of word {cols[0]} {cols[1]!r} is {cols[6]!r}, "
                              f"not an integer; structural positions need a basic dependency tree "

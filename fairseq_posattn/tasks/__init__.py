@@ -1,1 +1,1 @@
-from fairseq_posattn.tasks import translation_structural  # noqa: F401
+from fairseq_posattn.tasks import pos_tagging, translation_structural  # noqa: F401

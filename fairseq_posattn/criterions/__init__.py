@@ -1,0 +1,1 @@
+from fairseq_posattn.criterions import pos_tagging  # noqa: F401
