@@ -8,7 +8,7 @@ from fairseq_posattn import compat
 
 compat.apply_all()
 
-from fairseq_posattn import criterions, models, tasks  # noqa: E402,F401  (registers them with fairseq)
+from fairseq_posattn import criterions, models, optim, tasks  # noqa: E402,F401  (registers them with fairseq)
 
 compat.show_model_options_in_help()
 

@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# Part-of-speech tagging on one UD treebank (Dufter et al. 2020, section 3): prepare, train the
+# paper's Table 2 variants with several seeds and the same budget, score the dev set (accuracy over
+# all, OOV and ambiguous words) in a fresh process, tag it back to CoNLL-U, and write a results table
+# and a learning-curve picture.  See README.md in this folder.
+#
+#   bash examples/pos_tagging/run.sh                                   # UD English-EWT from ../shared
+#   bash examples/pos_tagging/run.sh TRAIN.conllu[.gz] DEV.conllu [TEST.conllu]
+set -euo pipefail
+
+# ---------------------------------------------------------------- settings (override by env) ----
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+EWT=${EWT:-$REPO/../shared/data/ud_english_ewt}
+TRAIN=${1:-$EWT/en_ewt-ud-train.conllu.gz}
+DEV=${2:-$EWT/en_ewt-ud-dev.conllu}
+TEST=${3:-}
+OUT=${OUT:-$REPO/pos-tagging-output}
+USER_DIR=${USER_DIR:-$REPO/fairseq_posattn}
+VARIANTS=${VARIANTS:-"pe_add p_r temp conv conv2d"}   # names below
+SEEDS=${SEEDS:-"1 2 3"}
+PARALLEL=${PARALLEL:-2}                 # trainings at once
+THREADS=${THREADS:-1}                   # OMP threads per training
+TAG_COLUMN=${TAG_COLUMN:-upos}
+# Budget, the same for every run (the paper: RMSprop, early stopping with 3 epochs' patience).
+MAX_UPDATE=${MAX_UPDATE:-500}
+MAX_TOKENS=${MAX_TOKENS:-2000}          # words per update
+VALIDATE_EVERY=${VALIDATE_EVERY:-50}    # updates between dev evaluations (the learning curves)
+LR=${LR:-0.001}
+# -------------------------------------------------------------------------------------------------
+
+# Dufter et al.'s Table 2 models (all with the san_tagger sizes of their Table 1b, UD column)
+declare -A VARIANT_NAME=(
+    [pe_add]="SAN+PE[add]" [pe_con]="SAN+PE[con]" [p]="SAN+P" [r]="SAN+R" [p_r]="SAN+P+R"
+    [temp]="SAN+PE[add]+Temp" [conv]="SAN+PE[add]+Conv" [conv2d]="SAN+PE[add]+Conv2d"
+)
+declare -A VARIANT_FLAGS=(
+    [pe_add]="--position-embedding add"
+    [pe_con]="--position-embedding concat"
+    [p]="--position-embedding none --encoder-direct-position absolute"
+    [r]="--position-embedding none --encoder-direct-position relative"
+    [p_r]="--position-embedding none --encoder-direct-position both"
+    [temp]="--position-embedding add --encoder-learnable-temperature"
+    [conv]="--position-embedding add --encoder-conv-attention 1d"
+    [conv2d]="--position-embedding add --encoder-conv-attention 2d"
+)
+for v in $VARIANTS; do
+    [[ -n "${VARIANT_FLAGS[$v]:-}" ]] || { echo "run.sh: unknown variant '$v' (${!VARIANT_FLAGS[*]})" >&2; exit 2; }
+done
+for f in "$TRAIN" "$DEV"; do
+    [[ -f "$f" ]] || { echo "run.sh: $f not found; pass TRAIN.conllu DEV.conllu [TEST.conllu]" >&2; exit 2; }
+done
+
+DATA=$OUT/data-bin
+mkdir -p "$OUT/logs"
+
+# 1. vocabularies and binarized splits (t = 60 words, 20 characters, 50% of the words)
+if [[ ! -f "$DATA/tagging.json" ]]; then
+    posattn-prepare-tagging --train "$TRAIN" --valid "$DEV" ${TEST:+--test "$TEST"} \
+        --tag-column "$TAG_COLUMN" --destdir "$DATA" > "$OUT/logs/prepare.log" 2>&1 \
+        || { tail -n 5 "$OUT/logs/prepare.log" >&2; exit 1; }
+fi
+
+# 2. train, then score and tag from the last checkpoint in fresh processes
+train_and_score() {
+    local variant=$1 seed=$2 run="$OUT/runs/$1/seed$2" start
+    mkdir -p "$run"
+    if ! grep -q "done training" "$run/train.log" 2>/dev/null; then
+        start=$(date +%s)
+        # shellcheck disable=SC2086
+        OMP_NUM_THREADS=$THREADS MKL_NUM_THREADS=$THREADS fairseq-train "$DATA" --user-dir "$USER_DIR" \
+            --task pos_tagging --criterion pos_tagging --arch san_tagger ${VARIANT_FLAGS[$variant]} \
+            --optimizer rmsprop --lr "$LR" --max-tokens "$MAX_TOKENS" --max-update "$MAX_UPDATE" \
+            --validate-interval-updates "$VALIDATE_EVERY" --save-interval-updates "$VALIDATE_EVERY" \
+            --keep-interval-updates 1 --no-epoch-checkpoints --save-dir "$run/checkpoints" \
+            --best-checkpoint-metric accuracy --maximize-best-checkpoint-metric \
+            --seed "$seed" --num-workers 0 --log-format simple --log-interval 50 --cpu \
+            > "$run/train.log" 2>&1 || { tail -n 20 "$run/train.log" >&2; return 1; }
+        echo "wall_seconds $(( $(date +%s) - start ))" >> "$run/train.log"
+    fi
+    local subsets=valid
+    [[ -n "$TEST" ]] && subsets=valid,test
+    OMP_NUM_THREADS=$THREADS fairseq-validate "$DATA" --user-dir "$USER_DIR" --task pos_tagging \
+        --path "$run/checkpoints/checkpoint_last.pt" --valid-subset "$subsets" --max-tokens 4000 \
+        --num-workers 0 --cpu > "$run/validate.log" 2>&1 || { tail -n 20 "$run/validate.log" >&2; return 1; }
+    OMP_NUM_THREADS=$THREADS posattn-tag "$DATA" --path "$run/checkpoints/checkpoint_last.pt" \
+        --input "$DEV" --output "$run/dev.pred.conllu" --cpu > "$run/tag.log" 2>&1
+    echo "done ${VARIANT_NAME[$variant]} seed $seed"
+}
+
+running=0
+for variant in $VARIANTS; do
+    for seed in $SEEDS; do
+        ( train_and_score "$variant" "$seed" || echo "FAILED $variant seed $seed (see $OUT/runs/$variant/seed$seed)" ) &
+        running=$((running + 1))
+        if (( running >= PARALLEL )); then wait -n; running=$((running - 1)); fi
+    done
+done
+wait
+
+# 3. table (mean and sd over seeds) and learning curves (dev accuracy against updates)
+table=() curves=()
+for variant in $VARIANTS; do
+    table+=(--variant "${VARIANT_NAME[$variant]}=$OUT/runs/$variant")
+    for seed in $SEEDS; do curves+=(--run "${VARIANT_NAME[$variant]}=$OUT/runs/$variant/seed$seed/train.log"); done
+done
+python "$REPO/examples/pos_tagging/results_table.py" "${table[@]}" | tee "$OUT/results.md"
+posattn-learning-curves "${curves[@]}" --metric accuracy --output "$OUT/learning_curves.png"

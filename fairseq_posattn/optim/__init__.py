@@ -1,0 +1,1 @@
+from fairseq_posattn.optim import rmsprop  # noqa: F401
