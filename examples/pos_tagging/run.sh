@@ -16,7 +16,7 @@ DEV=${2:-$EWT/en_ewt-ud-dev.conllu}
 TEST=${3:-}
 OUT=${OUT:-$REPO/pos-tagging-output}
 USER_DIR=${USER_DIR:-$REPO/fairseq_posattn}
-VARIANTS=${VARIANTS:-"pe_add p_r temp conv conv2d"}   # names below
+VARIANTS=${VARIANTS:-"pe_add p_r temp conv conv2d"}   # names in variants.sh
 SEEDS=${SEEDS:-"1 2 3"}
 PARALLEL=${PARALLEL:-2}                 # trainings at once
 THREADS=${THREADS:-1}                   # OMP threads per training
@@ -28,21 +28,7 @@ VALIDATE_EVERY=${VALIDATE_EVERY:-50}    # updates between dev evaluations (the l
 LR=${LR:-0.001}
 # -------------------------------------------------------------------------------------------------
 
-# Dufter et al.'s Table 2 models (all with the san_tagger sizes of their Table 1b, UD column)
-declare -A VARIANT_NAME=(
-    [pe_add]="SAN+PE[add]" [pe_con]="SAN+PE[con]" [p]="SAN+P" [r]="SAN+R" [p_r]="SAN+P+R"
-    [temp]="SAN+PE[add]+Temp" [conv]="SAN+PE[add]+Conv" [conv2d]="SAN+PE[add]+Conv2d"
-)
-declare -A VARIANT_FLAGS=(
-    [pe_add]="--position-embedding add"
-    [pe_con]="--position-embedding concat"
-    [p]="--position-embedding none --encoder-direct-position absolute"
-    [r]="--position-embedding none --encoder-direct-position relative"
-    [p_r]="--position-embedding none --encoder-direct-position both"
-    [temp]="--position-embedding add --encoder-learnable-temperature"
-    [conv]="--position-embedding add --encoder-conv-attention 1d"
-    [conv2d]="--position-embedding add --encoder-conv-attention 2d"
-)
+source "$REPO/examples/pos_tagging/variants.sh"
 for v in $VARIANTS; do
     [[ -n "${VARIANT_FLAGS[$v]:-}" ]] || { echo "run.sh: unknown variant '$v' (${!VARIANT_FLAGS[*]})" >&2; exit 2; }
 done

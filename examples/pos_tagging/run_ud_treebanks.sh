@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# The 47 UD v2.2 treebanks of Dufter et al. (2020, Table 2c/2d): run.sh on each, then the macro mean
+# over treebanks of each variant's all-word accuracy (test set where the treebank has one).
+#
+#   bash examples/pos_tagging/run_ud_treebanks.sh /path/to/ud-treebanks-v2.2
+#
+# UD_ROOT holds the UD_<Language>-<Name> folders of the release (CoNLL 2018 shared task data).
+# Every setting of run.sh (VARIANTS, SEEDS, MAX_UPDATE, ...) applies to each treebank; a finished
+# treebank is skipped on a re-run.  TREEBANKS limits the loop, e.g. TREEBANKS="English-GUM Dutch-Alpino".
+set -euo pipefail
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+UD_ROOT=${1:?usage: run_ud_treebanks.sh UD_ROOT (the folder of UD_* treebank folders)}
+OUT_ROOT=${OUT_ROOT:-$REPO/pos-tagging-ud-output}
+VARIANTS=${VARIANTS:-"pe_add p_r temp conv conv2d"}
+export VARIANTS
+source "$REPO/examples/pos_tagging/variants.sh"
+# Dufter et al.'s list (Table 2d), written as UD folder names without the UD_ prefix
+PAPER_TREEBANKS="Afrikaans-AfriBooms Ancient_Greek-PROIEL Ancient_Greek-Perseus Arabic-PADT Basque-BDT
+Bulgarian-BTB Chinese-GSD Croatian-SET Czech-CAC Czech-FicTree Danish-DDT Dutch-Alpino Dutch-LassySmall
+English-GUM English-LinES Estonian-EDT Finnish-FTB Finnish-TDT French-GSD French-Sequoia French-Spoken
+German-GSD Gothic-PROIEL Greek-GDT Hebrew-HTB Hindi-HDTB Hungarian-Szeged Korean-Kaist Latin-ITTB
+Latin-PROIEL Norwegian-Bokmaal Norwegian-Nynorsk Old_Church_Slavonic-PROIEL Old_French-SRCMF
+Persian-Seraji Polish-LFG Polish-SZ Portuguese-Bosque Serbian-SET Slovak-SNK Slovenian-SSJ
+Spanish-AnCora Swedish-LinES Swedish-Talbanken Ukrainian-IU Urdu-UDTB Vietnamese-VTB"
+TREEBANKS=${TREEBANKS:-$PAPER_TREEBANKS}
+
+one_file() {  # one_file DIR SPLIT: the treebank's *-ud-SPLIT.conllu, or nothing
+    local found=("$1"/*-ud-"$2".conllu)
+    [[ -f "${found[0]}" ]] && echo "${found[0]}"
+}
+
+done_list=()
+for treebank in $TREEBANKS; do
+    dir="$UD_ROOT/UD_$treebank"
+    train=$(one_file "$dir" train || true) dev=$(one_file "$dir" dev || true) test=$(one_file "$dir" test || true)
+    if [[ -z "$train" || -z "$dev" ]]; then
+        echo "skip $treebank: no *-ud-train.conllu and *-ud-dev.conllu in $dir" >&2
+        continue
+    fi
+    echo "== $treebank"
+    OUT="$OUT_ROOT/$treebank" bash "$REPO/examples/pos_tagging/run.sh" "$train" "$dev" $test > /dev/null
+    done_list+=("$treebank")
+done
+
+table=()
+for variant in $VARIANTS; do table+=(--variant "${VARIANT_NAME[$variant]}=runs/$variant"); done
+python "$REPO/examples/pos_tagging/results_table.py" --treebank-root "$OUT_ROOT" --treebanks "${done_list[@]}" \
+    "${table[@]}" | tee "$OUT_ROOT/results.md"
