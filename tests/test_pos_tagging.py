@@ -146,7 +146,7 @@ def test_prepare_splits_long_sentences_and_flags_words(tmp_path):
 
     vocabulary = TaggingVocabulary.load(dest)
     settings = TaggingSettings.load(dest)
-    dataset = TaggingDataset.load(dest, "valid", vocabulary, settings.max_chars, shuffle=False, seed=1)
+    dataset = TaggingDataset.load(dest, "valid", vocabulary, settings.max_chars, shuffle=False)
     assert dataset.sizes.max() <= 8 and dataset.sizes.sum() == valid.words
     first = dataset[0]
     words = dev[0].words[:8]
@@ -232,7 +232,7 @@ def test_tagger_ignores_padding_and_batch_mates(tmp_path, flags):
     together = task.tag_sentences(model, sentences, batch_size=6)
     alone = [task.tag_sentences(model, [s])[0] for s in sentences]
     assert together == alone
-    dataset = TaggingDataset.load(str(tmp_path / "bin"), "valid", task.vocabulary, 20, False, 1)
+    dataset = TaggingDataset.load(str(tmp_path / "bin"), "valid", task.vocabulary, 20, False)
     short, long = dataset[0], max((dataset[i] for i in range(10)), key=lambda s: s["words"].numel())
     with torch.no_grad():
         pair = model(**dataset.collater([short, long])["net_input"])

@@ -88,17 +88,16 @@ class TaggingDataset(FairseqDataset):
     """
 
     def __init__(self, words, chars, tags, flags, vocabulary: TaggingVocabulary, max_chars: int,
-                 shuffle: bool = True, seed: int = 1):
+                 shuffle: bool = True):
         self.words, self.chars, self.tags, self.flags = words, chars, tags, flags
         self.vocabulary = vocabulary
         self.max_chars = max_chars
         self.shuffle = shuffle
-        self.seed = seed
         self.sizes = np.asarray(words.sizes, dtype=np.int64)
 
     @classmethod
     def load(cls, directory: str, split: str, vocabulary: TaggingVocabulary, max_chars: int,
-             shuffle: bool, seed: int) -> "TaggingDataset":
+             shuffle: bool) -> "TaggingDataset":
         dictionaries = {"words": vocabulary.words, "chars": vocabulary.chars, "tags": vocabulary.tags,
                         "flags": None}
         parts = {}
@@ -108,7 +107,7 @@ class TaggingDataset(FairseqDataset):
             if parts[name] is None:
                 raise FileNotFoundError(
                     f"{path}.bin/.idx not found: prepare the {split!r} split with posattn-prepare-tagging")
-        return cls(**parts, vocabulary=vocabulary, max_chars=max_chars, shuffle=shuffle, seed=seed)
+        return cls(**parts, vocabulary=vocabulary, max_chars=max_chars, shuffle=shuffle)
 
     def __getitem__(self, index: int) -> Dict[str, torch.Tensor]:
         return {
@@ -140,11 +139,9 @@ class TaggingDataset(FairseqDataset):
         return int(self.sizes[index])
 
     def ordered_indices(self) -> np.ndarray:
-        """Shuffled, then stably sorted by length (fairseq's usual length-bucketed batching)."""
-        if self.shuffle:
-            order = np.random.RandomState(self.seed).permutation(len(self))
-        else:
-            order = np.arange(len(self))
+        """Shuffled, then stably sorted by length (fairseq's usual length-bucketed batching; fairseq
+        seeds numpy with ``--seed`` + epoch around this call, so batches differ between epochs)."""
+        order = np.random.permutation(len(self)) if self.shuffle else np.arange(len(self))
         return order[np.argsort(self.sizes[order], kind="mergesort")]
 
     def collater(self, samples: List[Dict[str, torch.Tensor]]) -> Dict:

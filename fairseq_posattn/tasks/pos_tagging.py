@@ -13,7 +13,6 @@ from typing import List, Sequence
 import torch
 from fairseq.dataclass import FairseqDataclass
 from fairseq.tasks import FairseqTask, register_task
-from omegaconf import II
 
 from fairseq_posattn.data.tagged_corpus import piece_slices
 from fairseq_posattn.data.tagging_dataset import (
@@ -29,7 +28,6 @@ logger = logging.getLogger(__name__)
 @dataclass
 class PosTaggingConfig(FairseqDataclass):
     data: str = field(default="", metadata={"help": "data directory made by posattn-prepare-tagging"})
-    seed: int = II("common.seed")
 
 
 @register_task("pos_tagging", dataclass=PosTaggingConfig)
@@ -54,8 +52,7 @@ class PosTaggingTask(FairseqTask):
 
     def load_dataset(self, split: str, epoch: int = 1, combine: bool = False, **kwargs) -> None:
         self.datasets[split] = TaggingDataset.load(
-            self.cfg.data, split, self.vocabulary, self.settings.max_chars,
-            shuffle=split == "train", seed=self.cfg.seed)
+            self.cfg.data, split, self.vocabulary, self.settings.max_chars, shuffle=split == "train")
         logger.info("%s: %d sentence pieces", split, len(self.datasets[split]))
 
     def build_criterion(self, cfg):
