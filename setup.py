@@ -20,5 +20,6 @@ setup(
         "posattn-inspect = fairseq_posattn.cli.inspect:main",
         "posattn-prepare-tagging = fairseq_posattn.cli.prepare_tagging:main",
         "posattn-tag = fairseq_posattn.cli.tag:main",
+        "posattn-learning-curves = fairseq_posattn.cli.learning_curves:main",
     ]},
 )

@@ -1,0 +1,111 @@
+"""Sentence-classification corpora in the ``label sentence`` format, split for fairseq.
+
+SST-2 as distributed with Kim (2014)'s ``stsa.binary.{train,dev,test}`` holds one example per line:
+the label, one space, the (tokenized, lower-cased) sentence. fairseq's ``--task sentence_prediction``
+reads two binarized folders, ``input0/`` (the sentences) and ``label/`` (one label per line), so each
+split becomes two parallel text files, ``{split}.input0`` and ``{split}.label``, for
+``fairseq-preprocess --only-source``::
+
+    python -m fairseq_posattn.data.sentence_classification \\
+        --train stsa.binary.train --valid stsa.binary.dev --labels 0 1 --destdir sst2-text
+
+Every split is read and checked before anything is written: an empty line, a line without a
+sentence after its label, a label outside ``--labels``, or a label of a later split that the
+training split never uses (fairseq-preprocess would silently turn it into ``<unk>``) is an error
+naming ``file:line``.
+"""
+
+import argparse
+import logging
+import os
+import sys
+from dataclasses import dataclass
+from typing import Dict, Iterator, List, Optional, Sequence
+
+from fairseq_posattn.cli import setup_logging
+from fairseq_posattn.data.text_pipeline import atomic_write, read_lines
+
+logger = logging.getLogger(__name__)
+
+SPLITS = ("train", "valid", "test")
+
+
+@dataclass
+class LabelledSentence:
+    label: str
+    text: str
+    line: int
+
+
+def read_labelled_sentences(path: str, labels: Optional[Sequence[str]] = None) -> Iterator[LabelledSentence]:
+    """Yield each line's label and sentence; malformed lines raise ``ValueError`` naming ``path:line``."""
+    for number, line in enumerate(read_lines(path), start=1):
+        fields = line.split(None, 1)
+        if not fields:
+            raise ValueError(f"{path}:{number}: empty line; expected 'label sentence'")
+        if len(fields) == 1:
+            raise ValueError(f"{path}:{number}: label {fields[0]!r} without a sentence; expected 'label sentence'")
+        label, text = fields[0], fields[1].strip()
+        if labels is not None and label not in labels:
+            raise ValueError(f"{path}:{number}: label {label!r} is not one of {', '.join(labels)} "
+                             f"(is the line in 'label sentence' order?)")
+        yield LabelledSentence(label, text, number)
+
+
+def check_labels_seen(path: str, examples: List[LabelledSentence], train_labels: set) -> None:
+    """A label that training never shows would be binarized as ``<unk>``: refuse it."""
+    for example in examples:
+        if example.label not in train_labels:
+            raise ValueError(f"{path}:{example.line}: label {example.label!r} never occurs in the training "
+                             f"split (its labels: {', '.join(sorted(train_labels))})")
+
+
+def split_corpus(splits: Dict[str, str], destdir: str, labels: Optional[Sequence[str]] = None) -> Dict[str, int]:
+    """Write ``destdir/{split}.input0`` and ``destdir/{split}.label`` for every ``split -> path``.
+
+    ``splits`` must hold ``train``. Returns the number of examples per split. Nothing is written
+    unless every split reads cleanly.
+    """
+    if "train" not in splits:
+        raise ValueError("split_corpus needs a 'train' split: its labels define the label dictionary")
+    read = {split: list(read_labelled_sentences(path, labels)) for split, path in splits.items()}
+    for split, examples in read.items():
+        if not examples:
+            raise ValueError(f"{splits[split]}: no examples")
+    train_labels = {example.label for example in read["train"]}
+    for split, examples in read.items():
+        check_labels_seen(splits[split], examples, train_labels)
+    for split, examples in read.items():
+        write_lines(os.path.join(destdir, f"{split}.input0"), (e.text for e in examples))
+        write_lines(os.path.join(destdir, f"{split}.label"), (e.label for e in examples))
+        logger.info("%s: %d examples from %s", split, len(examples), splits[split])
+    return {split: len(examples) for split, examples in read.items()}
+
+
+def write_lines(path: str, lines: Iterator[str]) -> None:
+    with atomic_write(path) as out:
+        for line in lines:
+            out.write(line + "\n")
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m fairseq_posattn.data.sentence_classification", description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    for split in SPLITS:
+        parser.add_argument(f"--{split}", required=split == "train", metavar="FILE",
+                            help=f"{split} split, one 'label sentence' per line")
+    parser.add_argument("--labels", nargs="+", metavar="LABEL",
+                        help="the allowed labels, e.g. 0 1 (default: any first field)")
+    parser.add_argument("--destdir", required=True, help="where {split}.input0 and {split}.label go")
+    args = parser.parse_args(argv)
+    setup_logging()
+    splits = {split: getattr(args, split) for split in SPLITS if getattr(args, split)}
+    try:
+        split_corpus(splits, args.destdir, args.labels)
+    except (ValueError, OSError) as e:
+        sys.exit(f"sentence_classification: error: {e}")
+
+
+if __name__ == "__main__":
+    main()
