@@ -5,6 +5,8 @@ on UD English-EWT (the shipped 300 + 60 sentence samples)."""
 import math
 import os
 import re
+import subprocess
+import sys
 from types import SimpleNamespace
 
 import conllu
@@ -329,3 +331,28 @@ def test_cli_errors_name_the_file(tmp_path):
                                            "--task", "pos_tagging", "--arch", "san_tagger",
                                            "--criterion", "pos_tagging", "--max-tokens", "100", "--cpu"])
     assert "is not a part-of-speech data directory; make one with posattn-prepare-tagging" in result.stderr
+
+
+@pytest.mark.slow
+def test_treebank_loop_recipe(tmp_path):
+    """examples/pos_tagging: the 47-treebank loop over run.sh, on a UD folder holding the EWT samples."""
+    treebank = tmp_path / "ud" / "UD_English-EWT"
+    treebank.mkdir(parents=True)
+    for split, source in (("train", EWT_TRAIN), ("dev", EWT_DEV), ("test", EWT_DEV)):
+        (treebank / f"en_ewt-ud-{split}.conllu").write_text(open(source, encoding="utf-8").read(), encoding="utf-8")
+    out = tmp_path / "out"
+    env = dict(os.environ, OUT_ROOT=str(out), TREEBANKS="English-EWT English-GUM", MAX_UPDATE="4",
+               VALIDATE_EVERY="2", SEEDS="1", VARIANTS="pe_add p_r", THREADS="1",
+               PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
+    result = subprocess.run(["bash", os.path.join(REPO, "examples", "pos_tagging", "run_ud_treebanks.sh"),
+                             str(tmp_path / "ud")], capture_output=True, text=True, env=env, cwd=REPO)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "skip English-GUM: no *-ud-train.conllu" in result.stderr
+    rows = [line for line in result.stdout.splitlines() if line.startswith("| English-EWT")]
+    assert len(rows) == 1 and len(rows[0].split("|")) == 5  # one treebank, two variants
+    assert "**macro mean**" in result.stdout
+    runs = out / "English-EWT"
+    assert (runs / "learning_curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    validated = (runs / "runs" / "p_r" / "seed1" / "validate.log").read_text()
+    assert "valid on 'test' subset" in validated and "oov_accuracy" in validated
+    assert "| SAN+P+R | 1 |" in (runs / "results.md").read_text()
