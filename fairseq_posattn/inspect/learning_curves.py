@@ -101,9 +101,9 @@ class Curve:
         return self.points[-1][1]
 
     def best(self, lower_is_better: bool) -> Tuple[float, float]:
-        """``(x, value)`` of the best validation (the earliest among ties)."""
-        key = (lambda p: (p[1], p[0])) if lower_is_better else (lambda p: (-p[1], p[0]))
-        return min(self.points, key=key)
+        """``(x, value)`` of the best validation; the latest among ties, as fairseq's checkpoint_best."""
+        key = (lambda p: (-p[1], p[0])) if lower_is_better else (lambda p: (p[1], p[0]))
+        return max(self.points, key=key)
 
 
 def read_curve(path: str, metric: str = "accuracy", x: str = "num_updates", subset: str = "valid") -> Curve:
