@@ -162,7 +162,8 @@ def test_pooling_skips_pads_on_either_side():
 def test_wu2021_preset_sizes():
     model = build_classifier([], arch="transformer_posattn_classifier_wu2021", sizes=TASK)
     layer, = model.encoder.layers
-    assert (layer.self_attn.num_heads, layer.self_attn.head_dim, model.encoder.embed_tokens.embedding_dim) == (16, 16, 256)
+    attention = layer.self_attn
+    assert (attention.num_heads, attention.head_dim, model.encoder.embed_tokens.embedding_dim) == (16, 16, 256)
 
 
 def test_option_errors_name_the_option():
