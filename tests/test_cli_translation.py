@@ -25,7 +25,7 @@ MODEL = [
     "--max-source-positions", "128", "--max-target-positions", "128", "--share-all-embeddings",
 ]
 VARIANTS = [
-    "--encoder-direct-position", "both", "--encoder-learnable-temperature",
+    "--encoder-no-token-positional-embeddings", "--encoder-direct-position", "both", "--encoder-learnable-temperature",
     "--encoder-conv-attention", "2d", "--encoder-distance-aware", "--encoder-relative-positions", "4",
     "--decoder-direct-position", "both", "--decoder-conv-attention", "1d",
     "--decoder-relative-positions", "4", "--decoder-learnable-temperature",
@@ -108,6 +108,7 @@ def test_loaded_model_runs_our_attention_in_eval_mode(trained):
 
     models, _cfg, _task = checkpoint_utils.load_model_ensemble_and_task([f"{trained}/checkpoint_last.pt"])
     model = models[0].eval()
+    assert model.encoder.embed_positions is None and model.decoder.embed_positions is not None
     attention = model.encoder.layers[0].self_attn
     assert isinstance(attention, PositionAwareMultiheadAttention)
     src = torch.tensor([[10, 11, 12, 13, 2]])
@@ -121,7 +122,8 @@ def test_loaded_model_runs_our_attention_in_eval_mode(trained):
 def test_help_lists_the_position_options():
     out = run("fairseq-train", ["unused", "--user-dir", USER_DIR, "--arch", "transformer_posattn", "-h"]).stdout
     for option in ("--encoder-direct-position ", "--decoder-conv-attention ", "--encoder-distance-aware",
-                   "--decoder-relative-positions", "--encoder-structural-positions"):
+                   "--decoder-relative-positions", "--encoder-structural-positions",
+                   "--encoder-no-token-positional-embeddings"):
         assert option in out
 
 

@@ -134,9 +134,9 @@ def test_absolute_structural_embedding_is_the_sequential_sinusoid_of_depth():
 
 
 TABLE_1 = {  # Wang et al. 2019, Table 1: (sequential abs, sequential rel, structural abs, structural rel)
-    1: ["--no-token-positional-embeddings"],
-    2: ["--no-token-positional-embeddings", "--encoder-structural-positions", "absolute"],
-    3: ["--no-token-positional-embeddings", "--encoder-structural-positions", "relative"],
+    1: ["--encoder-no-token-positional-embeddings"],
+    2: ["--encoder-no-token-positional-embeddings", "--encoder-structural-positions", "absolute"],
+    3: ["--encoder-no-token-positional-embeddings", "--encoder-structural-positions", "relative"],
     4: [],
     5: ["--encoder-structural-positions", "absolute"],
     6: ["--encoder-structural-positions", "both"],
@@ -156,4 +156,20 @@ def test_every_row_of_table_1_is_expressible(row):
     got = (int(encoder.embed_positions is not None), int("RelativePositionEmbeddings" in terms),
            int(encoder.structural_embedding is not None), int("StructuralRelativeEmbeddings" in terms))
     assert got == EXPECTED[row]
+    assert model.decoder.embed_positions is not None, "the paper keeps the decoder's sequential positions"
     assert all(type(layer.self_attn).__name__ == "MultiheadAttention" for layer in model.decoder.layers)
+
+
+def test_fairseq_flag_drops_both_sides_positions_and_ours_only_the_encoders():
+    both = build_model("transformer_posattn", ["--no-token-positional-embeddings"])
+    assert both.encoder.embed_positions is None and both.decoder.embed_positions is None
+    encoder_only = build_model("transformer_posattn", ["--encoder-no-token-positional-embeddings"])
+    assert encoder_only.encoder.embed_positions is None and encoder_only.decoder.embed_positions is not None
+
+
+def test_nonlinear_fusion_without_sequential_positions_is_refused():
+    with pytest.raises(PositionOptionError, match="--encoder-no-token-positional-embeddings"):
+        build_model("transformer_posattn", ["--encoder-no-token-positional-embeddings",
+                                            "--encoder-structural-positions", "absolute",
+                                            "--encoder-structural-fusion", "nonlinear"],
+                    task=StructuralTask())

@@ -3,14 +3,14 @@
 # SEQ_REL_CLIP, VARIANTS, ROW_NAME, OUT, LOGS, PREPARED, DATA_BIN, SPLITS, SRC, TGT, USER_DIR,
 # TRAIN_FLAGS, DEVICE_FLAGS, EXTRA_TRAIN_FLAGS and MAX_UPDATE.
 
-# Encoder flags of Wang et al.'s Table 1 rows. Rows 1-3 drop the sequential positions with fairseq's
-# --no-token-positional-embeddings, which drops the decoder's too (the paper keeps those).
+# Encoder flags of Wang et al.'s Table 1 rows. Rows 1-3 drop the encoder's sequential positions only
+# (--encoder-no-token-positional-embeddings); the decoder keeps its own, as in the paper.
 STRUCT_ABS="--encoder-structural-fusion $FUSION"
 STRUCT_REL="--encoder-structural-clip $STRUCT_CLIP"
 declare -A ROW_FLAGS=(
-    [1]="--no-token-positional-embeddings"
-    [2]="--no-token-positional-embeddings --encoder-structural-positions absolute"
-    [3]="--no-token-positional-embeddings --encoder-structural-positions relative $STRUCT_REL"
+    [1]="--encoder-no-token-positional-embeddings"
+    [2]="--encoder-no-token-positional-embeddings --encoder-structural-positions absolute"
+    [3]="--encoder-no-token-positional-embeddings --encoder-structural-positions relative $STRUCT_REL"
     [4]="--encoder-structural-positions none"
     [5]="--encoder-structural-positions absolute $STRUCT_ABS"
     [6]="--encoder-structural-positions both $STRUCT_ABS $STRUCT_REL"

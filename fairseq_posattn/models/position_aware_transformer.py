@@ -41,7 +41,8 @@ class PositionAwareTransformerEncoder(TransformerEncoderBase):
             if position_options.structural_fusion == "nonlinear" and self.embed_positions is None:
                 raise PositionOptionError(
                     "--encoder-structural-fusion nonlinear fuses the structural with the sequential "
-                    "position embeddings: drop --no-token-positional-embeddings or use "
+                    "position embeddings: drop --no-token-positional-embeddings and "
+                    "--encoder-no-token-positional-embeddings, or use "
                     "--encoder-structural-fusion add")
             self.structural_embedding = StructuralPositionalEmbedding(
                 embed_tokens.embedding_dim, self.padding_idx, cfg.max_source_positions,

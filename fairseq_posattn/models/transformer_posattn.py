@@ -4,6 +4,7 @@ Registered next to fairseq's ``transformer`` with the same size presets. With ev
 option at its default it computes exactly what fairseq's ``transformer`` computes.
 """
 
+import copy
 from typing import Any
 
 from fairseq.models import register_model, register_model_architecture
@@ -50,6 +51,11 @@ class PositionAwareTransformerModel(TransformerModel):
         super().add_args(parser)
         add_position_args(parser, "encoder")
         add_position_args(parser, "decoder")
+        parser.add_argument(
+            "--encoder-no-token-positional-embeddings", action="store_true",
+            help="no sequential position embeddings in the encoder; the decoder keeps its own "
+                 "(fairseq's --no-token-positional-embeddings removes both). Wang et al.'s Table 1 "
+                 "rows 1-3 and Dufter et al.'s SAN, SAN+P, SAN+R in a translation model")
 
     @classmethod
     def build_model(cls, args, task):
@@ -75,6 +81,9 @@ class PositionAwareTransformerModel(TransformerModel):
     @classmethod
     def build_encoder(cls, args, src_dict, embed_tokens):
         cfg = TransformerConfig.from_namespace(args)
+        if getattr(args, "encoder_no_token_positional_embeddings", False):
+            cfg = copy.copy(cfg)  # fairseq hands encoder and decoder the same config object
+            cfg.no_token_positional_embeddings = True
         return PositionAwareTransformerEncoder(cfg, src_dict, embed_tokens, encoder_position_options(cfg))
 
     @classmethod
