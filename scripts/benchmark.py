@@ -869,8 +869,8 @@ def parse_cli(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         + ", ".join(VARIANTS_BY_NAME))
     add("--decode-variants", nargs="*", choices=list(VARIANTS_BY_NAME), metavar="NAME",
         default=list(DEFAULT_DECODE_VARIANTS),
-        help="variants whose beam-search speed is compared with vanilla's; none: no decoding "
-        "(default: %(default)s)")
+        help="variants whose beam-search speed is compared with vanilla's; the bare flag with no "
+        "names: no decoding (default: %(default)s)")
     add("--steps", type=int, default=5, help="timed steps (rounds) per model (default: %(default)s)")
     add("--warmup", type=int, default=2, help="untimed steps (and decoding rounds) before them "
         "(default: %(default)s)")
