@@ -66,7 +66,20 @@ def causal_mask(T: int) -> torch.Tensor:
 @pytest.mark.parametrize("causal,padding", [(False, "left"), (False, "right"), (True, "right")])
 @torch.no_grad()
 def test_matches_reference(variant, causal, padding):
-    attn = build_attention(VARIANTS[variant], causal)
+    assert_matches_reference(build_attention(VARIANTS[variant], causal), causal, padding)
+
+
+@pytest.mark.parametrize("block_rows", [1, 2, 3])
+@pytest.mark.parametrize("variant", ["conv-1d", "all-with-conv-1d"])
+@torch.no_grad()
+def test_causal_1d_convolution_in_blocks_matches_reference(variant, block_rows):
+    """The causal 1d convolution computes blocks of query rows on the key columns they can see."""
+    attn = build_attention(VARIANTS[variant], causal=True)
+    attn.post_softmax_term.block_rows = block_rows
+    assert_matches_reference(attn, causal=True, padding="right")
+
+
+def assert_matches_reference(attn: PositionAwareMultiheadAttention, causal: bool, padding: str) -> None:
     x, mask = batch(padding)
     out, probs = attn(x, x, x, key_padding_mask=mask, need_head_weights=True,
                       attn_mask=causal_mask(x.size(0)) if causal else None)
@@ -78,6 +91,26 @@ def test_matches_reference(variant, causal, padding):
         torch.testing.assert_close(got_probs, ref_probs, rtol=1e-9, atol=1e-9)
         # padded keys get no weight from real queries
         assert probs[:, b][:, real][:, :, ~real].abs().max().item() == 0 if (~real).any() else True
+
+
+@pytest.mark.parametrize("variant", ["conv-1d", "conv-2d", "distance-aware", "shaw", "all-with-conv-1d"])
+@pytest.mark.parametrize("causal,padding", [(False, "left"), (True, "right")])
+def test_gradients_match_finite_differences(variant, causal, padding):
+    """Backward passes (the 1d convolution's own, in blocks of 2 rows; in-place masking) against
+    finite differences, for the input and every parameter."""
+    attn = build_attention(VARIANTS[variant], causal)
+    if hasattr(attn.post_softmax_term, "block_rows"):
+        attn.post_softmax_term.block_rows = 2
+    x, mask = batch(padding, lengths=(5, 3))
+    names, params = zip(*attn.named_parameters())
+    options = dict(key_padding_mask=mask, need_weights=False,
+                   attn_mask=causal_mask(x.size(0)) if causal else None)
+
+    def attend(x, *params):
+        return torch.func.functional_call(attn, dict(zip(names, params)), (x, x, x), options)[0]
+
+    inputs = (x.requires_grad_(), *(p.detach().requires_grad_() for p in params))
+    assert torch.autograd.gradcheck(attend, inputs, eps=1e-6, atol=1e-5)
 
 
 @pytest.mark.parametrize("variant", ["direct-both", "temperature"])

@@ -185,34 +185,56 @@ class PositionAwareMultiheadAttention(MultiheadAttention):
         key_padding_mask: Optional[Tensor], attn_mask: Optional[Tensor], history: Optional[Tensor],
     ) -> Tuple[Tensor, Tensor, Optional[Tensor]]:
         tgt_len, src_len = q.size(2), k.size(2)
+        # the logits are a fresh tensor (as is the scaling term's result) that no backward pass
+        # needs: the terms and masks go in place, without another (tgt_len x src_len) allocation
         logits = torch.matmul(q, k.transpose(-1, -2))
         for term in self.key_value_terms:
-            logits = logits + term.key_logits(q, ctx, tgt_len, src_len)
+            logits.add_(term.key_logits(q, ctx, tgt_len, src_len))
         if self.scaling_term is not None:
             logits = self.scaling_term(logits, ctx)
         for term in self.additive_terms:
-            logits = logits + term(ctx, tgt_len, src_len).to(logits.dtype)
+            logits.add_(term(ctx, tgt_len, src_len).to(logits.dtype))
         if attn_mask is not None:
-            logits = logits + attn_mask.to(logits.dtype)
+            logits.add_(attn_mask.to(logits.dtype))
         if key_padding_mask is not None:
-            logits = logits.masked_fill(key_padding_mask[:, None, None, :], float("-inf"))
+            logits.masked_fill_(key_padding_mask[:, None, None, :], float("-inf"))
         upcast = logits.dtype in (torch.float16, torch.bfloat16)  # softmax in fp32, as fairseq
         probs = torch.softmax(logits.float() if upcast else logits, dim=-1).type_as(logits)
 
         rows: Optional[Tensor] = None
         self.last_softmax = probs.detach() if self.keep_attention_maps else None
         if self.post_softmax_term is not None:
-            blocked = torch.isneginf(logits)
             query_padding = ctx.query_padding_mask(tgt_len)
-            if query_padding is not None:
-                blocked = blocked | query_padding[:, None, :, None]
+            if query_padding is not None:  # the softmax gave blocked keys zero weight already
+                probs = probs.masked_fill(query_padding[:, None, :, None], 0.0)
+            blocked = blocked_entries(attn_mask, key_padding_mask, query_padding)
             probs, rows = self.post_softmax_term(probs, blocked, ctx, history)
 
         dropped = self.dropout_module(probs)
         out = torch.matmul(dropped, v)
         for term in self.key_value_terms:
-            out = out + term.value_output(dropped, ctx)
+            out.add_(term.value_output(dropped, ctx))
         return out, probs, rows
+
+
+def blocked_entries(
+    attn_mask: Optional[Tensor], key_padding_mask: Optional[Tensor], query_padding: Optional[Tensor]
+) -> Optional[Tensor]:
+    """True where a query may not see a key (``-inf`` in ``attn_mask``, a padded key) or the query
+    row is a pad, broadcastable to ``(batch, heads, tgt_len, src_len)``; None when nothing is."""
+    masks = []
+    if attn_mask is not None:
+        masks.append(torch.isneginf(attn_mask))
+    if key_padding_mask is not None:
+        masks.append(key_padding_mask[:, None, None, :])
+    if query_padding is not None:
+        masks.append(query_padding[:, None, :, None])
+    if not masks:
+        return None
+    blocked = masks[0]
+    for mask in masks[1:]:
+        blocked = blocked | mask
+    return blocked
 
 
 def position_aware_attentions(module: nn.Module) -> List[PositionAwareMultiheadAttention]:

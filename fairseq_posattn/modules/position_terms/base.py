@@ -45,6 +45,7 @@ class LogitScaling(nn.Module):
     """Kind 2: an elementwise transform of the content logits, before biases and masks."""
 
     def forward(self, logits: Tensor, ctx: PositionContext) -> Tensor:
+        """Return a new tensor (the kernel adds the biases and masks to it in place)."""
         raise NotImplementedError
 
 
@@ -71,13 +72,14 @@ class PostSoftmaxTransform(nn.Module):
     def forward(
         self,
         probs: Tensor,
-        blocked: Tensor,
+        blocked: Optional[Tensor],
         ctx: PositionContext,
         history: Optional[Tensor],
     ) -> Tuple[Tensor, Optional[Tensor]]:
         """Return the transformed matrix and the rows to cache for the next decoding step.
 
-        ``blocked`` is True where a query may not see a key (padding, future) or the query row is a
-        pad; the transform must give those entries zero weight.
+        ``probs`` is zero wherever ``blocked`` is True: where a query may not see a key (padding,
+        future) or the query row is a pad. ``blocked`` broadcasts to ``probs`` (None: nothing is
+        blocked); the transform must give those entries zero weight.
         """
         raise NotImplementedError
