@@ -11,7 +11,7 @@ set -euo pipefail
 
 # ---------------------------------------------------------------- settings (override by env) ----
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
-PTB_DIR=${PTB_DIR:-/work/shared/data/ptb_lm}
+PTB_DIR=${PTB_DIR:-$REPO/../shared/data/ptb_lm}   # ../shared next to the repository
 OUT=${OUT:-$REPO/ptb-lm-output}                  # everything written goes here
 USER_DIR=${USER_DIR:-$REPO/fairseq_posattn}
 MODELS=${MODELS:-"positional_attentive_lstm_lm tf_conv2d tf_vanilla tf_da tf_shaw16 tf_direct_both lstm_lm attentive_lstm_lm"}
