@@ -649,7 +649,6 @@ class Worker:
         return {"decode_ms": decode_ms, "sentences": sentences, "batch_shapes": self.batch_shapes,
                 "digest": self.digest}
 
-
     def profile(self) -> Dict[str, Any]:
         """Each variant in turn: warm-up steps, then the timed steps under torch.profiler; the
         operators with the most self time (CPU, or CUDA on a GPU) and the mean step time."""
@@ -822,7 +821,9 @@ def ratio_cell(ratio: Optional[float]) -> str:
     return "" if ratio is None else f"{ratio:.2f}"
 
 
-CHECKS = (("time", "time ratio", "<="), ("memory", "memory ratio", "<="), ("speed", "speed ratio", ">="))
+#: what each kind of target bounds: the ratio's name and the comparison
+CHECKS: Dict[str, Tuple[str, str]] = {"time": ("time ratio", "<="), "memory": ("memory ratio", "<="),
+                                      "speed": ("speed ratio", ">=")}
 
 
 def ratio_of(group: Group, name: str, kind: str) -> Optional[float]:
@@ -834,7 +835,7 @@ def target_checks(group: Group, name: str, kinds: Sequence[str]) -> List[Tuple[s
     measured; ratios are compared as printed (two decimals)."""
     target = TARGETS.get(name, Target())
     checks = []
-    for kind, _, sign in CHECKS:
+    for kind, (_, sign) in CHECKS.items():
         bound, ratio = getattr(target, kind), ratio_of(group, name, kind)
         if kind in kinds and bound is not None and ratio is not None:
             met = round(ratio, 2) <= bound if sign == "<=" else round(ratio, 2) >= bound
@@ -847,8 +848,7 @@ def target_cell(group: Group, name: str, kinds: Sequence[str]) -> str:
     checks = target_checks(group, name, kinds)
     if not checks:
         return ""
-    signs = {kind: sign for kind, _, sign in CHECKS}
-    bounds = " / ".join(f"{signs[kind]} {bound:.2f}" for kind, _, bound, _ in checks)
+    bounds = " / ".join(f"{CHECKS[kind][1]} {bound:.2f}" for kind, _, bound, _ in checks)
     missed = [kind for kind, _, _, met in checks if not met]
     return f"{bounds}: " + (f"MISSED ({', '.join(missed)})" if missed else "met")
 
@@ -911,17 +911,14 @@ def decode_rows(group: Group, variants: Sequence[Variant]) -> List[str]:
 
 def target_lines(groups: Sequence[Group], prepare: Optional[Dict[str, Any]]) -> List[str]:
     """How many of the measured targets were met, each missed one, and the prepare step's."""
-    kinds = [kind for kind, _, _ in CHECKS]
-    labels = {kind: label for kind, label, _ in CHECKS}
-    signs = {kind: sign for kind, _, sign in CHECKS}
     checked, missed = 0, []
     for group in groups:
         for name in TARGETS:
-            for kind, ratio, bound, met in target_checks(group, name, kinds):
+            for kind, ratio, bound, met in target_checks(group, name, list(CHECKS)):
                 checked += 1
                 if not met:
                     missed.append(f"- MISSED: {VARIANTS_BY_NAME[name].label}, {group.title}: "
-                                  f"{labels[kind]} {ratio:.2f} (target {signs[kind]} {bound:.2f}).")
+                                  f"{CHECKS[kind][0]} {ratio:.2f} (target {CHECKS[kind][1]} {bound:.2f}).")
     lines = [f"- Ratios: {checked - len(missed)} of {checked} targets met (the target columns above)."]
     lines += missed
     if prepare is not None:
