@@ -1,6 +1,25 @@
 import os
 import sys
 
+import pytest
+import torch
+
 sys.path.insert(0, os.path.dirname(__file__))  # tests' own helpers (reference_attention, ...)
 
 import fairseq_posattn  # noqa: E402,F401  (registers the architectures, applies the shims)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--device", default="cpu",
+        help="device of the tests that take the `device` fixture (precision, checkpointing, compile): "
+             "cpu (default) or cuda; scripts/gpu_check.py runs them with --device cuda")
+
+
+@pytest.fixture(scope="session")
+def device(request: pytest.FixtureRequest) -> torch.device:
+    """The device that device-aware tests run on (``pytest --device cuda`` on a GPU machine)."""
+    name = request.config.getoption("--device")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        pytest.exit(f"--device {name} asked for, but torch sees no CUDA device", returncode=2)
+    return torch.device(name)

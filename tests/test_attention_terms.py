@@ -58,6 +58,18 @@ def batch(padding: str, lengths=(7, 4, 5)):
     return x, (mask if mask.any() else None)
 
 
+def context(mask, x: torch.Tensor) -> PositionContext:
+    """The batch's context as a side builds it: right padding (or none) as a decoder, left padding
+    as an encoder (token positions from the mask)."""
+    if mask is None:
+        mask = torch.zeros(x.size(1), x.size(0), dtype=torch.bool)
+    return PositionContext.from_padding(mask, right_padded=not bool(mask[:, 0].any()))
+
+
+def unpadded(length: int) -> PositionContext:
+    return PositionContext.from_padding(torch.zeros(1, length, dtype=torch.bool), right_padded=True)
+
+
 def causal_mask(T: int) -> torch.Tensor:
     return torch.triu(torch.full((T, T), float("-inf"), dtype=torch.double), 1)
 
@@ -81,7 +93,7 @@ def test_causal_1d_convolution_in_blocks_matches_reference(variant, block_rows):
 
 def assert_matches_reference(attn: PositionAwareMultiheadAttention, causal: bool, padding: str) -> None:
     x, mask = batch(padding)
-    out, probs = attn(x, x, x, key_padding_mask=mask, need_head_weights=True,
+    out, probs = attn(x, x, x, key_padding_mask=context(mask, x), need_head_weights=True,
                       attn_mask=causal_mask(x.size(0)) if causal else None)
     for b in range(x.size(1)):
         real = ~mask[b] if mask is not None else torch.ones(x.size(0), dtype=torch.bool)
@@ -103,7 +115,7 @@ def test_gradients_match_finite_differences(variant, causal, padding):
         attn.post_softmax_term.block_rows = 2
     x, mask = batch(padding, lengths=(5, 3))
     names, params = zip(*attn.named_parameters())
-    options = dict(key_padding_mask=mask, need_weights=False,
+    options = dict(key_padding_mask=context(mask, x), need_weights=False,
                    attn_mask=causal_mask(x.size(0)) if causal else None)
 
     def attend(x, *params):
@@ -119,8 +131,8 @@ def test_fused_path_equals_explicit_path(variant):
     needed: both paths give one result."""
     attn = build_attention(VARIANTS[variant], causal=False)
     x, mask = batch("left")
-    fused, _ = attn(x, x, x, key_padding_mask=mask, need_weights=False)
-    explicit, _ = attn(x, x, x, key_padding_mask=mask, need_weights=True)
+    fused, _ = attn(x, x, x, key_padding_mask=context(mask, x), need_weights=False)
+    explicit, _ = attn(x, x, x, key_padding_mask=context(mask, x), need_weights=True)
     real = ~mask
     torch.testing.assert_close(fused.transpose(0, 1)[real], explicit.transpose(0, 1)[real])
 
@@ -130,8 +142,7 @@ def test_distance_aware_coefficients_follow_the_paper_form():
     with torch.no_grad():
         term.w.copy_(torch.tensor([0.0, 0.7, -1.3]))
         term.v.copy_(torch.tensor([0.0, 1.5, -0.4]))
-    ctx = PositionContext(None, 6, torch.device("cpu"))
-    coef = term.coefficients(ctx, 6, 6)
+    coef = term.coefficients(unpadded(6), 6, 6)
     for h in range(3):
         for i in range(6):
             for j in range(6):
@@ -146,7 +157,7 @@ def test_distance_aware_is_stable_for_large_arguments():
     with torch.no_grad():
         term.w.fill_(200.0)
         term.v.fill_(3.0)
-    coef = term.coefficients(PositionContext(None, 50, torch.device("cpu")), 50, 50)
+    coef = term.coefficients(unpadded(50), 50, 50)
     assert torch.isfinite(coef).all()
     assert coef.max().item() == pytest.approx(1 + math.exp(3.0), rel=1e-5)  # bound 1 + exp(v)
 
@@ -154,8 +165,7 @@ def test_distance_aware_is_stable_for_large_arguments():
 def test_shaw_key_logits_gather_equals_explicit_sum():
     term = RelativePositionEmbeddings(head_dim=4, clip=2).double()
     q = torch.randn(2, 3, 5, 4, dtype=torch.double)
-    ctx = PositionContext(None, 5, torch.device("cpu"))
-    got = term.key_logits(q, ctx, 5, 5)
+    got = term.key_logits(q, unpadded(5), 5, 5)
     for i in range(5):
         for j in range(5):
             a = term.key_table[max(-2, min(2, j - i)) + 2]
@@ -167,12 +177,12 @@ def test_sequence_longer_than_t_names_the_option(variant):
     attn = build_attention(VARIANTS[variant], causal=False)
     x = torch.randn(T_MAX + 1, 1, E, dtype=torch.double)
     with pytest.raises(SequenceTooLongError, match="--max-positions"):
-        attn(x, x, x)
+        attn(x, x, x, key_padding_mask=context(None, x))
 
 
 @pytest.mark.parametrize("causal", [False, True])
 def test_no_nan_for_a_single_token(causal):
     attn = build_attention(VARIANTS["all-at-once"], causal)
     x = torch.randn(1, 2, E, dtype=torch.double)
-    out, _ = attn(x, x, x)
+    out, _ = attn(x, x, x, key_padding_mask=context(None, x))
     assert torch.isfinite(out).all()

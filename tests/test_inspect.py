@@ -16,7 +16,7 @@ from cli_helpers import binarize, prepare_sample, run
 from fairseq_posattn.cli.inspect import main as inspect_main
 from fairseq_posattn.inspect import plots
 from fairseq_posattn.inspect.capture import Inspection, PositionalTrace, dataset_sample, inspect_model
-from fairseq_posattn.modules.attention import PositionAwareMultiheadAttention, bound_position_context
+from fairseq_posattn.modules.attention import PositionAwareMultiheadAttention
 from fairseq_posattn.modules.position_context import PositionContext
 from model_helpers import REPO, USER_DIR, TinyTask, build_lm, build_model
 
@@ -126,8 +126,7 @@ def load(checkpoint: str, data_bin: str):
 def head_probabilities(module, x: torch.Tensor, mask, ctx: PositionContext) -> torch.Tensor:
     """heads x T x T self-attention probabilities of one layer for its input ``x`` (T x 1 x C)."""
     if isinstance(module, PositionAwareMultiheadAttention):
-        with bound_position_context([module], ctx):
-            return module(x, x, x, attn_mask=mask, need_head_weights=True)[1][:, 0]
+        return module(x, x, x, key_padding_mask=ctx, attn_mask=mask, need_head_weights=True)[1][:, 0]
     q = (module.q_proj(x) * module.scaling)[:, 0].view(len(x), module.num_heads, -1).transpose(0, 1)
     k = module.k_proj(x)[:, 0].view(len(x), module.num_heads, -1).transpose(0, 1)
     logits = q @ k.transpose(1, 2)
@@ -146,12 +145,13 @@ def own_attention(model, net_input: Dict[str, torch.Tensor]) -> Dict[Tuple[str, 
     expected = {}
     with torch.no_grad():
         encoder_out = model.encoder(src, net_input["src_lengths"], return_all_hiddens=True, **structure)
-        ctx = PositionContext.from_tokens(src, model.encoder.padding_idx, side_data)
+        clip = model.encoder.position_options.structural_clip
+        ctx = PositionContext.from_tokens(src, model.encoder.padding_idx, False, side_data, clip)
         for layer, module in enumerate(model.encoder.layers):
             expected["encoder", layer] = head_probabilities(
                 module.self_attn, encoder_out["encoder_states"][layer], None, ctx)
         inner = model.decoder(prev, encoder_out=encoder_out)[1]["inner_states"]
-        ctx = PositionContext.from_tokens(prev, model.decoder.padding_idx)
+        ctx = PositionContext.from_tokens(prev, model.decoder.padding_idx, right_padded=True)
         for layer, module in enumerate(model.decoder.layers):
             causal = model.decoder.buffered_future_mask(inner[layer])
             expected["decoder", layer] = head_probabilities(module.self_attn, inner[layer], causal, ctx)

@@ -408,7 +408,8 @@ def layer_terms(side: str, layer: int, module: PositionAwareMultiheadAttention, 
     if module.scaling_term is not None:
         da = module.scaling_term
         found.da_w, found.da_v = da.w.detach(), da.v.detach()
-        found.da_coefficients = da.coefficients(PositionContext(None, n, da.w.device), n, n).detach()
+        unpadded = PositionContext.from_padding(torch.zeros(1, n, dtype=torch.bool, device=da.w.device), True)
+        found.da_coefficients = da.coefficients(unpadded, n, n).detach()
     _add_conv(found, module.post_softmax_term, n)
     for term in module.key_value_terms:
         name = "structural" if isinstance(term, StructuralRelativeEmbeddings) else "sequential"

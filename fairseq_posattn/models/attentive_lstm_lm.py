@@ -52,7 +52,8 @@ scores), mu_{t-1} and the position generator's state.
 """
 
 import argparse
-from typing import Any, Dict, Optional, Tuple
+import contextlib
+from typing import Any, ContextManager, Dict, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -66,12 +67,25 @@ from fairseq.models import (
 from fairseq.models.lstm import LSTM, Embedding, Linear
 from fairseq.modules import FairseqDropout
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 DEFAULT_MAX_TARGET_POSITIONS = int(1e5)
 GAUSSIAN_EPS = 1e-6
 NORMALIZERS = ("block", "sentence")
 
 IncrementalState = Dict[str, Dict[str, Optional[Tensor]]]
+
+
+def full_precision(device: torch.device) -> ContextManager:
+    """A region computed in the dtype of its inputs even under ``torch.autocast`` (``--amp``):
+    the callers cast to fp32 themselves."""
+    return torch.autocast(device_type=device.type, enabled=False)
+
+
+def fp32_linear(layer: nn.Linear, x: Tensor) -> Tensor:
+    """``layer(x)`` computed in fp32 (the weights cast, not changed); the same numbers in fp32."""
+    bias = None if layer.bias is None else layer.bias.float()
+    return F.linear(x.float(), layer.weight.float(), bias)
 
 
 def causal_memory_attention(logits: Tensor, memory: Tensor, offset: int) -> Tuple[Tensor, Tensor]:
@@ -84,9 +98,10 @@ def causal_memory_attention(logits: Tensor, memory: Tensor, offset: int) -> Tupl
             sees h_1..h_{t-1}, i.e. memory index k < offset + s.
 
     Returns:
-        context c (B x S x H) and weights (B x S x K); a step with an empty memory (t = 1) gets
-        zero weights and c_1 = 0 without evaluating a softmax over nothing (no NaN, forward or
-        backward).
+        context c (B x S x H) and weights (B x S x K), both in the dtype of ``memory``; a step
+        with an empty memory (t = 1) gets zero weights and c_1 = 0 without evaluating a softmax
+        over nothing (no NaN, forward or backward). The softmax (and its backward) runs in fp32,
+        as fairseq's; the weights are cast back to the memory's dtype for the weighted sum.
     """
     steps, keys = logits.shape[-2:]
     query = torch.arange(offset, offset + steps, device=logits.device)
@@ -95,8 +110,9 @@ def causal_memory_attention(logits: Tensor, memory: Tensor, offset: int) -> Tupl
     empty = query == 0
     # give an empty row one finite entry, then zero the whole row
     allowed = allowed | (empty.unsqueeze(1) & (key == 0).unsqueeze(0))
-    weights = torch.softmax(logits.masked_fill(~allowed, float("-inf")), dim=-1)
-    weights = weights.masked_fill(empty.unsqueeze(1), 0.0)
+    with full_precision(logits.device):
+        weights = torch.softmax(logits.float().masked_fill(~allowed, float("-inf")), dim=-1)
+    weights = weights.masked_fill(empty.unsqueeze(1), 0.0).to(memory.dtype)
     return torch.bmm(weights, memory), weights
 
 
@@ -105,7 +121,9 @@ class SaltonAttention(nn.Module):
 
     ``score(h_i) = w_2 . tanh(W_1 h_i + b_1)``, ``a_it = softmax_{i<t} score(h_i)``,
     ``c_t = sum_{i<t} a_it h_i``. The score of a state does not depend on t, so it is computed once
-    per state (and cached in incremental decoding).
+    per state (and cached in incremental decoding). ``W_1 h_i`` runs in the model's dtype; the tanh
+    and the product with w_2 in fp32 (in bf16 a score of 10 would be rounded by 0.06, changing its
+    softmax weight by 6%).
     """
 
     def __init__(self, hidden_size: int) -> None:
@@ -114,8 +132,10 @@ class SaltonAttention(nn.Module):
         self.w_2 = Linear(hidden_size, 1, bias=False)
 
     def score(self, h: Tensor) -> Tensor:
-        """B x S x H states -> B x S scores."""
-        return self.w_2(torch.tanh(self.W_1(h))).squeeze(-1)
+        """B x S x H states -> B x S scores (fp32)."""
+        projected = self.W_1(h)
+        with full_precision(h.device):
+            return fp32_linear(self.w_2, torch.tanh(projected.float())).squeeze(-1)
 
     def forward(self, memory: Tensor, scores: Tensor, offset: int, steps: int) -> Tuple[Tensor, Tensor]:
         """Contexts of the last ``steps`` steps given the memory h_1..h_K and its scores (B x K)."""
@@ -130,6 +150,12 @@ class PositionalAttention(nn.Module):
     t/N)`` with ``b_t = [mu_{t-1}, 1/N, t/N]``; ``sigma_t = sigmoid(w_sigma . h~_t)``; the weight of
     h_i (i < t) is the Gaussian ``exp(-(i/N - mu_t)^2 / (2 sigma_t^2 + eps))``, normalised over
     i < t.
+
+    The position generator LSTM runs in the model's dtype; everything after it (the W_mu and
+    w_sigma heads, the sigmoid, the mu recurrence, the positions i/N, the Gaussian log-scores and
+    their softmax) in fp32: in bf16 the positions i/N of a 1024-token block are not even distinct,
+    and in fp16 the gradient of the log-score overflows once sigma is below about 0.04. mu (and
+    the cached mu) are fp32; context and weights come back in the model's dtype.
     """
 
     def __init__(self, hidden_size: int, generator_size: int = 20, eps: float = GAUSSIAN_EPS) -> None:
@@ -143,10 +169,11 @@ class PositionalAttention(nn.Module):
         self, h: Tensor, state: Optional[Tuple[Tensor, Tensor]] = None
     ) -> Tuple[Tensor, Tensor, Tuple[Tensor, Tensor]]:
         """Position generator (eq. 5, 7, 9): B x S x H -> mu weights (B x S x 3, after the ReLU),
-        sigma (B x S) and the generator's final (h, c)."""
+        sigma (B x S), both fp32, and the generator's final (h, c)."""
         h_tilde, state = self.position_generator(h, state)
-        mu_weights = F.relu(self.W_mu(h_tilde))
-        sigma = torch.sigmoid(self.w_sigma(h_tilde)).squeeze(-1)
+        with full_precision(h.device):
+            mu_weights = F.relu(fp32_linear(self.W_mu, h_tilde))
+            sigma = torch.sigmoid(fp32_linear(self.w_sigma, h_tilde)).squeeze(-1)
         return mu_weights, sigma, state
 
     @staticmethod
@@ -154,8 +181,8 @@ class PositionalAttention(nn.Module):
         """mu_t = clamp(mu_weights_t . [mu_{t-1}, 1/N, t/N], 0, t/N) for t = offset+1..offset+S
         (eq. 6, 8). The only loop over time; each iteration is one vector op over the batch.
 
-        mu_weights: B x S x 3; prev_mu: B (mu_offset, 0 at the start); normalizer: B x 1.
-        Returns B x S."""
+        mu_weights: B x S x 3; prev_mu: B (mu_offset, 0 at the start); normalizer: B x 1; all
+        fp32 (the caller's). Returns B x S."""
         steps = mu_weights.size(1)
         t = torch.arange(offset + 1, offset + steps + 1, device=mu_weights.device, dtype=mu_weights.dtype)
         t_over_n = t.unsqueeze(0) / normalizer  # B x S
@@ -184,21 +211,24 @@ class PositionalAttention(nn.Module):
             h: B x S x H new states (steps offset+1..offset+S).
             memory: B x K x H all states so far (K = offset + S; the last S are ``h``).
             offset: steps before ``h``.
-            normalizer: B x 1 N.
+            normalizer: B x 1 N (cast to fp32).
             prev_mu: B, mu_offset (None: mu_0 = 0).
             generator_state: the position generator's (h, c) after step ``offset``.
 
         Returns:
-            context (B x S x H), weights (B x S x K), mu (B x S), generator state.
+            context (B x S x H) and weights (B x S x K) in the dtype of ``memory``, mu (B x S,
+            fp32), generator state.
         """
         mu_weights, sigma, generator_state = self.generate(h, generator_state)
-        if prev_mu is None:
-            prev_mu = h.new_zeros(h.size(0))
-        mu = self.recur_mu(mu_weights, prev_mu, normalizer, offset)
-        position = torch.arange(1, memory.size(1) + 1, device=h.device, dtype=h.dtype)
-        position = position.unsqueeze(0) / normalizer  # B x K: p_i = i / N (eq. 12)
-        distance = position.unsqueeze(1) - mu.unsqueeze(2)  # B x S x K
-        log_gamma = -distance.pow(2) / (2 * sigma.pow(2).unsqueeze(2) + self.eps)  # eq. 10
+        with full_precision(h.device):
+            normalizer = normalizer.float()
+            if prev_mu is None:
+                prev_mu = torch.zeros(h.size(0), device=h.device, dtype=torch.float32)
+            mu = self.recur_mu(mu_weights, prev_mu.float(), normalizer, offset)
+            position = torch.arange(1, memory.size(1) + 1, device=h.device, dtype=torch.float32)
+            position = position.unsqueeze(0) / normalizer  # B x K: p_i = i / N (eq. 12)
+            distance = position.unsqueeze(1) - mu.unsqueeze(2)  # B x S x K
+            log_gamma = -distance.pow(2) / (2 * sigma.pow(2).unsqueeze(2) + self.eps)  # eq. 10
         context, weights = causal_memory_attention(log_gamma, memory, offset)  # eq. 11, 13
         return context, weights, mu, generator_state
 
@@ -224,6 +254,8 @@ class AttentiveLSTMDecoder(FairseqIncrementalDecoder):
         positional_attention_normalizer: str = "block",
         block_length: Optional[int] = None,
         max_target_positions: int = DEFAULT_MAX_TARGET_POSITIONS,
+        checkpoint_activations: bool = False,
+        offload_activations: bool = False,
     ) -> None:
         super().__init__(dictionary)
         if attention not in ("salton", "positional"):
@@ -245,6 +277,8 @@ class AttentiveLSTMDecoder(FairseqIncrementalDecoder):
         self.normalizer_type = positional_attention_normalizer
         self.block_length = block_length
         self.max_target_positions = max_target_positions
+        self.offload_activations = offload_activations
+        self.checkpoint_activations = checkpoint_activations or offload_activations
 
         padding_idx = dictionary.pad()
         self.padding_idx = padding_idx
@@ -278,15 +312,25 @@ class AttentiveLSTMDecoder(FairseqIncrementalDecoder):
         src_lengths: Optional[Tensor] = None,
         **unused: Any,
     ) -> Tuple[Tensor, Dict[str, Any]]:
-        x, extra = self.extract_features(prev_output_tokens, incremental_state=incremental_state)
-        return self.output_layer(x), extra
+        with self.saved_activations(prev_output_tokens.device, incremental_state):
+            x, extra = self.extract_features(prev_output_tokens, incremental_state=incremental_state)
+            return self.output_layer(x), extra
+
+    def saved_activations(self, device: torch.device, incremental_state: Optional[IncrementalState]) -> ContextManager:
+        """With ``--offload-activations``, in training, the tensors saved for the backward pass
+        (outside the checkpointed attention) wait in CPU memory (``torch.autograd.graph.save_on_cpu``,
+        pinned on CUDA; the weights are copied as well)."""
+        if self.offload_activations and incremental_state is None and torch.is_grad_enabled():
+            return torch.autograd.graph.save_on_cpu(pin_memory=device.type == "cuda")
+        return contextlib.nullcontext()
 
     def normalizer(self, tokens: Tensor) -> Tensor:
-        """N as a B x 1 tensor: the block length, or (leaking) each row's number of real tokens."""
+        """N as a B x 1 fp32 tensor: the block length, or (leaking) each row's number of real tokens."""
         if self.normalizer_type == "sentence":
             length = tokens.ne(self.padding_idx).sum(dim=1, keepdim=True).clamp(min=1)
-            return length.to(torch.get_default_dtype())
-        return torch.full((tokens.size(0), 1), float(self.block_length), device=tokens.device)
+            return length.to(torch.float32)
+        return torch.full((tokens.size(0), 1), float(self.block_length), device=tokens.device,
+                          dtype=torch.float32)
 
     def extract_features(
         self,
@@ -313,37 +357,54 @@ class AttentiveLSTMDecoder(FairseqIncrementalDecoder):
         tokens = prev_output_tokens[:, offset:]
         if tokens.size(1) == 0:
             raise ValueError(f"incremental decoding: no new token after the {offset} cached ones")
-        steps = tokens.size(1)
 
         x = self.dropout_in_module(self.embed_tokens(tokens))
         lstm_state = None if cached is None else (cached["hidden"], cached["cell"])
         h, (hidden, cell) = self.lstm(x, lstm_state)  # B x S x H; the whole sequence at once
         memory = h if cached is None else torch.cat([cached["memory"], h], dim=1)
+        normalizer = self.normalizer(prev_output_tokens) if self.attention_type == "positional" else None
 
-        new_state: Dict[str, Optional[Tensor]] = {"hidden": hidden, "cell": cell, "memory": memory}
-        if self.attention_type == "salton":
-            scores = self.attention.score(h)
-            if cached is not None:
-                scores = torch.cat([cached["scores"], scores], dim=1)
-            context, weights = self.attention(memory, scores, offset, steps)
-            new_state["scores"] = scores
+        if self.checkpoint_activations and incremental_state is None and torch.is_grad_enabled():
+            # the B x T x T part is recomputed in the backward pass instead of kept; no randomness
+            context, weights, attention_state = checkpoint(
+                self.attend, h, memory, offset, normalizer, cached, use_reentrant=False, preserve_rng_state=False)
         else:
-            normalizer = self.normalizer(prev_output_tokens).to(h)
-            generator_state = None
-            if cached is not None:
-                generator_state = (cached["generator_hidden"], cached["generator_cell"])
-            prev_mu = None if cached is None else cached["mu"]
-            context, weights, mu, (gen_h, gen_c) = self.attention(
-                h, memory, offset, normalizer, prev_mu, generator_state)
-            new_state.update({"mu": mu[:, -1], "generator_hidden": gen_h, "generator_cell": gen_c})
+            context, weights, attention_state = self.attend(h, memory, offset, normalizer, cached)
 
         if incremental_state is not None:
+            new_state: Dict[str, Optional[Tensor]] = {"hidden": hidden, "cell": cell, "memory": memory}
+            new_state.update(attention_state)
             self.set_incremental_state(incremental_state, "cached_state", new_state)
 
         out = torch.tanh(self.concat_proj(torch.cat([context, h], dim=-1)))
         out = self.dropout_out_module(out)
         # "attn" stays None: fairseq's generator reads it as attention over a *source*
         return out, {"attn": [None], "memory_attention": weights}
+
+    def attend(
+        self,
+        h: Tensor,
+        memory: Tensor,
+        offset: int,
+        normalizer: Optional[Tensor],
+        cached: Optional[Dict[str, Optional[Tensor]]],
+    ) -> Tuple[Tensor, Tensor, Dict[str, Tensor]]:
+        """The attention of the S new steps ``h`` over ``memory`` (the segment that
+        ``--checkpoint-activations`` recomputes): context (B x S x H), weights (B x S x K) and the
+        attention's part of the incremental state (Salton's scores; mu_t and the position
+        generator's state)."""
+        if self.attention_type == "salton":
+            scores = self.attention.score(h)
+            if cached is not None:
+                scores = torch.cat([cached["scores"], scores], dim=1)
+            context, weights = self.attention(memory, scores, offset, h.size(1))
+            return context, weights, {"scores": scores}
+        generator_state = None
+        if cached is not None:
+            generator_state = (cached["generator_hidden"], cached["generator_cell"])
+        prev_mu = None if cached is None else cached["mu"]
+        context, weights, mu, (gen_h, gen_c) = self.attention(h, memory, offset, normalizer, prev_mu, generator_state)
+        return context, weights, {"mu": mu[:, -1], "generator_hidden": gen_h, "generator_cell": gen_c}
 
     def output_layer(self, features: Tensor) -> Tensor:
         """Tied (or untied) projection to the vocabulary."""
@@ -391,6 +452,12 @@ def _add_lstm_lm_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument('--share-decoder-input-output-embed', action=argparse.BooleanOptionalAction,
                         help='tie the output embedding to the input embedding (default: tied, as '
                              'the paper; --no-share-decoder-input-output-embed unties)')
+    parser.add_argument('--checkpoint-activations', action='store_true',
+                        help='recompute the attention over the past states (its B x T x T scores '
+                             'and weights) in the backward pass instead of keeping it')
+    parser.add_argument('--offload-activations', action='store_true',
+                        help='keep the tensors saved for the backward pass in CPU memory; sets '
+                             '--checkpoint-activations')
     # fmt: on
 
 
@@ -461,6 +528,8 @@ class AttentiveLSTMLanguageModel(FairseqLanguageModel):
             positional_attention_normalizer=getattr(args, "positional_attention_normalizer", "block"),
             block_length=block_length,
             max_target_positions=int(max_target_positions),
+            checkpoint_activations=args.checkpoint_activations,
+            offload_activations=args.offload_activations,
         )
         return cls(decoder)
 
@@ -493,6 +562,8 @@ def attentive_lstm_lm(args: Any) -> None:
             setattr(args, name, 0.5 if dropout is None else dropout)
     if getattr(args, "share_decoder_input_output_embed", None) is None:
         args.share_decoder_input_output_embed = True
+    args.offload_activations = getattr(args, "offload_activations", False)
+    args.checkpoint_activations = getattr(args, "checkpoint_activations", False) or args.offload_activations
 
 
 @register_model_architecture("positional_attentive_lstm_lm", "positional_attentive_lstm_lm")

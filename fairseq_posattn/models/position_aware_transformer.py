@@ -1,20 +1,30 @@
-"""Encoder and decoder that build position-aware layers and share one PositionContext per batch."""
+"""Encoder and decoder that build position-aware layers and hand them one PositionContext per batch.
+
+A side whose options ask for nothing builds fairseq's own layers and runs fairseq's own forward.
+Otherwise it builds :mod:`~fairseq_posattn.modules.transformer_layer`'s layers and runs its own
+loop over them: the embedding and layer steps are fairseq's, and the batch's
+:class:`~fairseq_posattn.modules.position_context.PositionContext` is built once and passed to
+every layer call as an argument (never stored on a module), so activation checkpointing, FSDP and
+``torch.compile`` see it on every (re-)entry.
+"""
 
 from typing import Any, Dict, List, Optional
 
+import torch
 from fairseq.distributed import fsdp_wrap
 from fairseq.models.transformer import TransformerDecoderBase, TransformerEncoderBase
 from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 from torch import Tensor, nn
 
 from fairseq_posattn.models.position_options import PositionOptionError, SidePositionOptions
-from fairseq_posattn.modules.attention import bound_position_context, position_aware_attentions
 from fairseq_posattn.modules.position_context import PositionContext
 from fairseq_posattn.modules.structural_embedding import StructuralPositionalEmbedding
 from fairseq_posattn.modules.transformer_layer import (
     PositionAwareDecoderLayer,
     PositionAwareEncoderLayer,
 )
+
+IncrementalState = Dict[str, Dict[str, Optional[Tensor]]]
 
 
 def wrap_layer(layer: nn.Module, cfg: Any) -> nn.Module:
@@ -35,7 +45,6 @@ class PositionAwareTransformerEncoder(TransformerEncoderBase):
         self.position_options = position_options
         self._layers_built = 0
         super().__init__(cfg, dictionary, embed_tokens, return_fc=return_fc)
-        self.position_context: Optional[PositionContext] = None
         self.structural_embedding: Optional[StructuralPositionalEmbedding] = None
         if position_options.structural_absolute:
             if position_options.structural_fusion == "nonlinear" and self.embed_positions is None:
@@ -49,6 +58,8 @@ class PositionAwareTransformerEncoder(TransformerEncoderBase):
                 position_options.structural_fusion)
 
     def build_encoder_layer(self, cfg: Any) -> nn.Module:
+        if not self.position_options.needs_context():
+            return super().build_encoder_layer(cfg)
         layer = PositionAwareEncoderLayer(cfg, self.position_options, self._layers_built,
                                           return_fc=self.return_fc)
         self._layers_built += 1
@@ -59,10 +70,31 @@ class PositionAwareTransformerEncoder(TransformerEncoderBase):
                 src_structure: Optional[Tensor] = None):
         """fairseq's encoder forward; ``src_structure`` ``(batch, 3, src_len)`` holds each source
         token's tree depth, ``tin`` and ``tout`` (collated by ``--task translation_structural``)."""
-        ctx = PositionContext.from_tokens(
-            src_tokens, self.padding_idx, self._structural_side_data(src_tokens, src_structure))
-        with bound_position_context([self, *position_aware_attentions(self)], ctx):
+        if not self.position_options.needs_context():
             return self.forward_scriptable(src_tokens, src_lengths, return_all_hiddens, token_embeddings)
+        options = self.position_options
+        ctx = PositionContext.from_tokens(
+            src_tokens, self.padding_idx, right_padded=False,
+            structural=self._structural_side_data(src_tokens, src_structure),
+            structural_clip=options.structural_clip if options.structural_relative else None)
+        x, embedding = self.embed_with_structure(src_tokens, token_embeddings, ctx.depth)
+        x = x.masked_fill(ctx.padding_mask.unsqueeze(-1), 0.0).transpose(0, 1)
+        states: List[Tensor] = [x] if return_all_hiddens else []
+        fc_results: List[Optional[Tensor]] = []
+        for layer in self.layers:
+            out = layer(x, position_context=ctx)
+            x, fc_result = out if isinstance(out, tuple) else (out, None)
+            if return_all_hiddens:
+                states.append(x)
+                fc_results.append(fc_result)
+        if self.layer_norm is not None:
+            x = self.layer_norm(x)
+        lengths = src_tokens.ne(self.padding_idx).sum(dim=1, dtype=torch.int32).reshape(-1, 1)
+        return {
+            "encoder_out": [x], "encoder_padding_mask": [ctx.padding_mask],
+            "encoder_embedding": [embedding], "encoder_states": states, "fc_results": fc_results,
+            "src_tokens": [], "src_lengths": [lengths],
+        }
 
     def _structural_side_data(self, src_tokens: Tensor, src_structure: Optional[Tensor]):
         if self.position_options.structural_positions == "none":
@@ -79,15 +111,16 @@ class PositionAwareTransformerEncoder(TransformerEncoderBase):
         depth, tin, tout = src_structure.long().unbind(dim=1)
         return {"depth": depth, "tin": tin, "tout": tout}
 
-    def forward_embedding(self, src_tokens: Tensor, token_embedding: Optional[Tensor] = None):
-        """fairseq's ``forward_embedding``, with the structural embedding fused into the positions."""
+    def embed_with_structure(self, src_tokens: Tensor, token_embedding: Optional[Tensor],
+                             depth: Optional[Tensor]):
+        """fairseq's ``forward_embedding``, with the structural embedding of ``depth`` (the tree
+        depth of each token's word) fused into the positions where the options ask for it."""
         if self.structural_embedding is None:
-            return super().forward_embedding(src_tokens, token_embedding)
+            return self.forward_embedding(src_tokens, token_embedding)
         if token_embedding is None:
             token_embedding = self.embed_tokens(src_tokens)
         x = embed = self.embed_scale * token_embedding
         sequential = self.embed_positions(src_tokens) if self.embed_positions is not None else None
-        depth = self.position_context.structural["depth"]
         x = embed + self.structural_embedding(depth, src_tokens.eq(self.padding_idx), sequential)
         if self.layernorm_embedding is not None:
             x = self.layernorm_embedding(x)
@@ -102,13 +135,18 @@ class PositionAwareTransformerDecoder(TransformerDecoderBase):
 
     def __init__(self, cfg: Any, dictionary: Any, embed_tokens: nn.Embedding,
                  position_options: SidePositionOptions, no_encoder_attn: bool = False,
-                 output_projection: Optional[nn.Module] = None):
+                 output_projection: Optional[nn.Module] = None, right_padded: bool = True):
+        """``right_padded``: the decoder's batches are padded on the right only (fairseq's target
+        and language-model batches, unless ``--left-pad-target``), so token positions are indices."""
         self.position_options = position_options
+        self.right_padded = right_padded
         self._layers_built = 0
         super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn,
                          output_projection=output_projection)
 
     def build_decoder_layer(self, cfg: Any, no_encoder_attn: bool = False) -> nn.Module:
+        if not self.position_options.needs_context():
+            return super().build_decoder_layer(cfg, no_encoder_attn)
         layer = PositionAwareDecoderLayer(cfg, self.position_options, self._layers_built,
                                           no_encoder_attn=no_encoder_attn)
         self._layers_built += 1
@@ -118,16 +156,63 @@ class PositionAwareTransformerDecoder(TransformerDecoderBase):
         self,
         prev_output_tokens: Tensor,
         encoder_out: Optional[Dict[str, List[Tensor]]] = None,
-        incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]] = None,
+        incremental_state: Optional[IncrementalState] = None,
         full_context_alignment: bool = False,
         alignment_layer: Optional[int] = None,
         alignment_heads: Optional[int] = None,
     ):
-        if full_context_alignment and self.position_options.is_active():
-            raise ValueError("--decoder-* position terms are causal; full-context alignment is not supported")
-        ctx = PositionContext.from_tokens(prev_output_tokens, self.padding_idx)
-        with bound_position_context(position_aware_attentions(self), ctx):
+        """fairseq's ``extract_features``, passing the batch's context to every layer."""
+        if not self.position_options.needs_context():
             return self.extract_features_scriptable(
                 prev_output_tokens, encoder_out, incremental_state,
-                full_context_alignment, alignment_layer, alignment_heads,
-            )
+                full_context_alignment, alignment_layer, alignment_heads)
+        if full_context_alignment:
+            raise ValueError("--decoder-* position terms are causal; full-context alignment is not supported")
+        ctx = PositionContext.from_tokens(prev_output_tokens, self.padding_idx, self.right_padded)
+        source, source_padding = None, None
+        if encoder_out is not None and len(encoder_out["encoder_out"]) > 0:
+            source = encoder_out["encoder_out"][0]
+        if encoder_out is not None and len(encoder_out["encoder_padding_mask"]) > 0:
+            source_padding = encoder_out["encoder_padding_mask"][0]
+        if alignment_layer is None:
+            alignment_layer = self.num_layers - 1
+
+        x = self.embed_targets(prev_output_tokens, incremental_state)
+        causal = self.buffered_future_mask(x) if incremental_state is None else None
+        attn: Optional[Tensor] = None
+        inner_states: List[Optional[Tensor]] = [x]
+        for index, layer in enumerate(self.layers):
+            aligned = index == alignment_layer
+            x, layer_attn, _ = layer(x, source, source_padding, incremental_state, position_context=ctx,
+                                     self_attn_mask=causal, need_attn=aligned, need_head_weights=aligned)
+            inner_states.append(x)
+            if layer_attn is not None and aligned:
+                attn = layer_attn.float().to(x)
+        if attn is not None:
+            attn = (attn if alignment_heads is None else attn[:alignment_heads]).mean(dim=0)
+        if self.layer_norm is not None:
+            x = self.layer_norm(x)
+        x = x.transpose(0, 1)
+        if self.project_out_dim is not None:
+            x = self.project_out_dim(x)
+        return x, {"attn": [attn], "inner_states": inner_states}
+
+    def embed_targets(self, tokens: Tensor, incremental_state: Optional[IncrementalState]) -> Tensor:
+        """fairseq's decoder input, ``(length, batch, dim)``: scaled token embeddings plus positions
+        (only the newest token's in incremental decoding), then layer norm and dropout."""
+        positions = None
+        if self.embed_positions is not None:
+            positions = self.embed_positions(tokens, incremental_state=incremental_state)
+        if incremental_state is not None:
+            tokens = tokens[:, -1:]
+            positions = positions[:, -1:] if positions is not None else None
+        x = self.embed_scale * self.embed_tokens(tokens.contiguous())
+        if self.quant_noise is not None:
+            x = self.quant_noise(x)
+        if self.project_in_dim is not None:
+            x = self.project_in_dim(x)
+        if positions is not None:
+            x = x + positions
+        if self.layernorm_embedding is not None:
+            x = self.layernorm_embedding(x)
+        return self.dropout_module(x).transpose(0, 1)

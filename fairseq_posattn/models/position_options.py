@@ -209,6 +209,11 @@ class SidePositionOptions:
             or self.structural_relative
         )
 
+    def needs_context(self) -> bool:
+        """True when the side runs its own layer loop with a per-batch :class:`PositionContext`:
+        some layer has a position term, or the input gets the structural embedding."""
+        return self.is_active() or self.structural_positions != "none"
+
     @property
     def structural_absolute(self) -> bool:
         return self.structural_positions in ("absolute", "both")

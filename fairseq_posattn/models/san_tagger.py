@@ -28,7 +28,7 @@ from fairseq_posattn.models.position_options import (
     add_position_args,
     set_position_defaults,
 )
-from fairseq_posattn.modules.attention import bound_position_context, position_aware_attentions
+from fairseq_posattn.models.position_aware_transformer import wrap_layer
 from fairseq_posattn.modules.char_cnn import CharCNNWordEncoder
 from fairseq_posattn.modules.position_context import PositionContext
 from fairseq_posattn.modules.transformer_layer import PositionAwareEncoderLayer
@@ -68,6 +68,12 @@ class SanTaggerModel(FairseqEncoderModel):
         parser.add_argument("--activation-dropout", type=float, metavar="D")
         parser.add_argument("--max-source-positions", type=int, metavar="N",
                             help="largest sentence (piece) length t in words (the paper: 60)")
+        parser.add_argument("--checkpoint-activations", action="store_true",
+                            help="checkpoint each layer's activations (recomputed in the backward pass)")
+        parser.add_argument("--offload-activations", action="store_true",
+                            help="with --checkpoint-activations: keep the checkpointed activations on the CPU")
+        parser.add_argument("--min-params-to-wrap", type=int, metavar="N",
+                            help="with --ddp-backend fully_sharded: wrap layers of at least N parameters")
         add_position_args(parser, "encoder")
 
     @classmethod
@@ -116,7 +122,8 @@ class SanTaggerEncoder(FairseqEncoder):
         self.dropout_p = args.dropout
         self.dropout_module = FairseqDropout(args.dropout, module_name=self.__class__.__name__)
         self.layers = nn.ModuleList(
-            PositionAwareEncoderLayer(cfg, position_options, index) for index in range(args.encoder_layers))
+            wrap_layer(PositionAwareEncoderLayer(cfg, position_options, index), cfg)
+            for index in range(args.encoder_layers))
         self.layer_norm = LayerNorm(self.output_dim) if args.encoder_normalize_before else None
 
     def _build_position_embedding(self, args: argparse.Namespace) -> Optional[nn.Embedding]:
@@ -147,15 +154,12 @@ class SanTaggerEncoder(FairseqEncoder):
         ctx = PositionContext.from_tokens(src_tokens, self.padding_idx)
         x0 = self.embed(src_tokens, src_chars, ctx)
         x = self.dropout_module(x0).transpose(0, 1)
-        with bound_position_context(position_aware_attentions(self), ctx):
-            for layer in self.layers:
-                x = layer(x, encoder_padding_mask=ctx.padding_mask)
+        for layer in self.layers:
+            x = layer(x, position_context=ctx)
         if self.layer_norm is not None:
             x = self.layer_norm(x)
-        x = x.transpose(0, 1) + x0
-        if ctx.padding_mask is not None:
-            x = x.masked_fill(ctx.padding_mask.unsqueeze(-1), 0.0)
-        return {"encoder_out": x, "padding_mask": src_tokens.eq(self.padding_idx)}
+        x = (x.transpose(0, 1) + x0).masked_fill(ctx.padding_mask.unsqueeze(-1), 0.0)
+        return {"encoder_out": x, "padding_mask": ctx.padding_mask}
 
     def embed(self, src_tokens: Tensor, src_chars: Tensor, ctx: PositionContext) -> Tensor:
         """``(batch, words, width)``: [word (+ position) ; position (concat) ; character CNN]."""
@@ -175,10 +179,7 @@ class SanTaggerEncoder(FairseqEncoder):
                 f"a sentence piece of {length} words is longer than --max-source-positions "
                 f"{self.max_source_positions}: prepare the data with posattn-prepare-tagging --max-length "
                 f"{self.max_source_positions} (splits longer sentences) or raise --max-source-positions")
-        positions = ctx.token_positions()
-        if positions is None:
-            return torch.arange(length, device=src_tokens.device).expand_as(src_tokens)
-        return positions
+        return ctx.positions
 
     def reorder_encoder_out(self, encoder_out: Dict[str, Tensor], new_order: Tensor) -> Dict[str, Tensor]:
         return {key: value.index_select(0, new_order) for key, value in encoder_out.items()}
@@ -213,6 +214,9 @@ def san_tagger_base(args: argparse.Namespace) -> None:
     args.attention_dropout = getattr(args, "attention_dropout", 0.0)
     args.activation_dropout = getattr(args, "activation_dropout", 0.0)
     args.max_source_positions = getattr(args, "max_source_positions", 60)
+    args.checkpoint_activations = getattr(args, "checkpoint_activations", False)
+    args.offload_activations = getattr(args, "offload_activations", False)
+    args.min_params_to_wrap = getattr(args, "min_params_to_wrap", int(1e8))
     set_position_defaults(args, ["encoder"])
 
 

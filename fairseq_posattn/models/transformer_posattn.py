@@ -92,6 +92,7 @@ class PositionAwareTransformerModel(TransformerModel):
         return PositionAwareTransformerDecoder(
             cfg, tgt_dict, embed_tokens, decoder_position_options(cfg),
             no_encoder_attn=cfg.no_cross_attention,
+            right_padded=not getattr(args, "left_pad_target", False),
         )
 
 

@@ -16,11 +16,21 @@ When only additive biases and temperature are on and no weights are asked for, s
 
 The module subclasses fairseq's :class:`~fairseq.modules.MultiheadAttention`, so its projection
 parameters have fairseq's names, and reuses fairseq's incremental-state buffer and reordering.
+
+**The position context travels with the call.** fairseq's layers hand their self-attention padding
+mask to ``self_attn(..., key_padding_mask=...)`` untouched. Our layers put the batch's whole
+:class:`~fairseq_posattn.modules.position_context.PositionContext` (which holds that padding mask)
+in that argument, so every call, including activation checkpointing's recomputation in the
+backward pass and a compiled graph, receives exactly the geometry of its batch, without
+re-implementing fairseq's layers and without any per-batch state on a module. Called without a
+context, the module raises.
+
+Precision: the softmax, and every term's sensitive part, run in fp32 and are cast back to the
+model's dtype (``--fp16`` / ``--bf16``), as fairseq's own attention does for its softmax.
 """
 
-from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Dict, Iterable, Iterator, List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -33,6 +43,7 @@ from fairseq_posattn.modules.position_terms.base import (
     KeyValueAugmentation,
     LogitScaling,
     PostSoftmaxTransform,
+    at_least_fp32,
 )
 from fairseq_posattn.modules.position_terms.temperature import LearnableTemperature
 
@@ -75,7 +86,6 @@ class PositionAwareMultiheadAttention(MultiheadAttention):
         self.key_value_terms = nn.ModuleList(terms.key_value)
         self.post_softmax_term = terms.post_softmax
         self.temperature = terms.temperature
-        self.position_context: Optional[PositionContext] = None
         #: inspection (``posattn-inspect``): keep the last pass's softmax matrix S, before any
         #: post-softmax transform, in ``last_softmax`` (batch x heads x tgt x src)
         self.keep_attention_maps = False
@@ -107,7 +117,7 @@ class PositionAwareMultiheadAttention(MultiheadAttention):
         query: Tensor,
         key: Optional[Tensor],
         value: Optional[Tensor],
-        key_padding_mask: Optional[Tensor] = None,
+        key_padding_mask: Optional[PositionContext] = None,
         incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]] = None,
         need_weights: bool = True,
         static_kv: bool = False,
@@ -115,8 +125,11 @@ class PositionAwareMultiheadAttention(MultiheadAttention):
         before_softmax: bool = False,
         need_head_weights: bool = False,
     ) -> Tuple[Tensor, Optional[Tensor]]:
+        """fairseq's self-attention call; ``key_padding_mask`` is the batch's :class:`PositionContext`
+        (its padding mask covers every key, the cached ones of incremental decoding included)."""
         if static_kv or before_softmax:
             raise ValueError("position-aware attention is self-attention only (no static_kv/before_softmax)")
+        ctx = require_context(key_padding_mask)
         need_weights = need_weights or need_head_weights
         tgt_len, bsz, _ = query.shape
         q, k, v = self._project(query)
@@ -126,29 +139,16 @@ class PositionAwareMultiheadAttention(MultiheadAttention):
         if saved_state is not None and "prev_key" in saved_state:
             k = torch.cat([saved_state["prev_key"], k], dim=2)
             v = torch.cat([saved_state["prev_value"], v], dim=2)
-            key_padding_mask = MultiheadAttention._append_prev_key_padding_mask(
-                key_padding_mask, saved_state.get("prev_key_padding_mask"), bsz, k.size(2), False
-            )
             history = saved_state.get("prev_attn_rows")
-        src_len = k.size(2)
-        if key_padding_mask is not None:
-            key_padding_mask = key_padding_mask.to(torch.bool)
-
-        ctx = self.position_context
-        if ctx is None:
-            ctx = PositionContext(key_padding_mask, src_len, query.device)
 
         if self._uses_probabilities(need_weights):
-            out, probs, rows = self._attend_explicitly(
-                q, k, v, ctx, key_padding_mask, attn_mask, history
-            )
+            out, probs, rows = self._attend_explicitly(q, k, v, ctx, attn_mask, history)
         else:
-            out, probs, rows = self._attend_fused(q, k, v, ctx, key_padding_mask, attn_mask), None, None
+            out, probs, rows = self._attend_fused(q, k, v, ctx, attn_mask), None, None
 
         if saved_state is not None:
             saved_state["prev_key"] = k
             saved_state["prev_value"] = v
-            saved_state["prev_key_padding_mask"] = key_padding_mask
             if rows is not None:
                 saved_state["prev_attn_rows"] = rows
             self._set_input_buffer(incremental_state, saved_state)
@@ -163,30 +163,25 @@ class PositionAwareMultiheadAttention(MultiheadAttention):
         return out, weights
 
     def _attend_fused(
-        self, q: Tensor, k: Tensor, v: Tensor, ctx: PositionContext,
-        key_padding_mask: Optional[Tensor], attn_mask: Optional[Tensor],
+        self, q: Tensor, k: Tensor, v: Tensor, ctx: PositionContext, attn_mask: Optional[Tensor],
     ) -> Tensor:
         tgt_len, src_len = q.size(2), k.size(2)
-        mask: Optional[Tensor] = None
+        mask = torch.zeros(ctx.padding_mask.shape, dtype=q.dtype, device=q.device)
+        mask = mask.masked_fill(ctx.padding_mask, float("-inf"))[:, None, None, :]
         for term in self.additive_terms:
-            bias = term(ctx, tgt_len, src_len).to(q.dtype)
-            mask = bias if mask is None else mask + bias
+            mask = mask + term(ctx, tgt_len, src_len).to(q.dtype)
         if attn_mask is not None:
-            mask = attn_mask.to(q.dtype) if mask is None else mask + attn_mask.to(q.dtype)
-        if key_padding_mask is not None:
-            padding = torch.zeros(key_padding_mask.shape, dtype=q.dtype, device=q.device)
-            padding = padding.masked_fill(key_padding_mask, float("-inf"))[:, None, None, :]
-            mask = padding if mask is None else mask + padding
+            mask = mask + attn_mask.to(q.dtype)
         dropout_p = self.dropout_module.p if self.training else 0.0
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=1.0)
 
     def _attend_explicitly(
         self, q: Tensor, k: Tensor, v: Tensor, ctx: PositionContext,
-        key_padding_mask: Optional[Tensor], attn_mask: Optional[Tensor], history: Optional[Tensor],
+        attn_mask: Optional[Tensor], history: Optional[Tensor],
     ) -> Tuple[Tensor, Tensor, Optional[Tensor]]:
         tgt_len, src_len = q.size(2), k.size(2)
-        # the logits are a fresh tensor (as is the scaling term's result) that no backward pass
-        # needs: the terms and masks go in place, without another (tgt_len x src_len) allocation
+        # the logits are a fresh tensor (as is the scaling term's result, in fp32) that no backward
+        # pass needs: the terms and masks go in place, without another (tgt_len x src_len) tensor
         logits = torch.matmul(q, k.transpose(-1, -2))
         for term in self.key_value_terms:
             logits.add_(term.key_logits(q, ctx, tgt_len, src_len))
@@ -196,18 +191,16 @@ class PositionAwareMultiheadAttention(MultiheadAttention):
             logits.add_(term(ctx, tgt_len, src_len).to(logits.dtype))
         if attn_mask is not None:
             logits.add_(attn_mask.to(logits.dtype))
-        if key_padding_mask is not None:
-            logits.masked_fill_(key_padding_mask[:, None, None, :], float("-inf"))
-        upcast = logits.dtype in (torch.float16, torch.bfloat16)  # softmax in fp32, as fairseq
-        probs = torch.softmax(logits.float() if upcast else logits, dim=-1).type_as(logits)
+        logits.masked_fill_(ctx.padding_mask[:, None, None, :], float("-inf"))
+        probs = torch.softmax(logits, dim=-1, dtype=at_least_fp32(logits.dtype)).to(v.dtype)  # as fairseq
 
         rows: Optional[Tensor] = None
         self.last_softmax = probs.detach() if self.keep_attention_maps else None
         if self.post_softmax_term is not None:
             query_padding = ctx.query_padding_mask(tgt_len)
-            if query_padding is not None:  # the softmax gave blocked keys zero weight already
-                probs = probs.masked_fill(query_padding[:, None, :, None], 0.0)
-            blocked = blocked_entries(attn_mask, key_padding_mask, query_padding)
+            # the softmax gave blocked keys zero weight already; padded query rows get zeros too
+            probs = probs.masked_fill(query_padding[:, None, :, None], 0.0)
+            blocked = blocked_entries(attn_mask, ctx.padding_mask, query_padding)
             probs, rows = self.post_softmax_term(probs, blocked, ctx, history)
 
         dropped = self.dropout_module(probs)
@@ -215,6 +208,16 @@ class PositionAwareMultiheadAttention(MultiheadAttention):
         for term in self.key_value_terms:
             out.add_(term.value_output(dropped, ctx))
         return out, probs, rows
+
+
+def require_context(key_padding_mask: Optional[PositionContext]) -> PositionContext:
+    """The batch's :class:`PositionContext`, or a loud error for a call made without one."""
+    if not isinstance(key_padding_mask, PositionContext):
+        raise TypeError(
+            "position-aware self-attention needs its batch's PositionContext in the key_padding_mask "
+            f"argument, got {type(key_padding_mask).__name__}: call it through a position-aware "
+            "layer and side (they build the context once per batch and pass it on every call)")
+    return key_padding_mask
 
 
 def blocked_entries(
@@ -235,21 +238,3 @@ def blocked_entries(
     for mask in masks[1:]:
         blocked = blocked | mask
     return blocked
-
-
-def position_aware_attentions(module: nn.Module) -> List[PositionAwareMultiheadAttention]:
-    return [m for m in module.modules() if isinstance(m, PositionAwareMultiheadAttention)]
-
-
-@contextmanager
-def bound_position_context(modules: Iterable[nn.Module], ctx: PositionContext) -> Iterator[None]:
-    """Bind one batch's :class:`PositionContext` to a side's modules (its attention modules, and
-    the side itself where it embeds structural positions) for the duration of one forward."""
-    modules = list(modules)
-    for module in modules:
-        module.position_context = ctx
-    try:
-        yield
-    finally:
-        for module in modules:
-            module.position_context = None

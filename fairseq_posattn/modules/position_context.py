@@ -1,122 +1,130 @@
-"""Per-batch token geometry shared by every position-aware attention layer of one side.
+"""Per-batch token geometry, handed explicitly to every position-aware attention call of one side.
 
-A side (encoder, decoder or language model) builds one :class:`PositionContext` per forward pass
-from its token padding mask and binds it to its attention modules for that pass. Every index tensor a
-position term needs (token positions, query-minus-key distances) is computed here once per batch and
-memoised by shape, so layers and heads share it instead of rebuilding it.
+A side (encoder, decoder, language model, tagger) builds one :class:`PositionContext` per forward
+pass from its tokens and passes it *with every layer call* (see
+:mod:`fairseq_posattn.modules.attention`): nothing is stored on a module, so a re-entrant call
+(activation checkpointing's recomputation, ``torch.compile``, FSDP, hooks) sees exactly what the
+first call saw. Every index tensor a position term needs (token positions, query-minus-key
+distances, relative structural positions) is computed here once per batch, eagerly and without a
+host-device synchronisation, and shared by every layer and head.
 
-Positions are *token* positions (SPEC.md, notation): with fairseq's left-padded source, position 0 is
-the first real token, never a pad.
+Positions are *token* positions: with fairseq's left-padded source, position 0 is the first real
+token, never a pad.
 """
 
+from dataclasses import dataclass
 from typing import Dict, Optional, Tuple
 
 import torch
 from torch import Tensor
 
 
+@dataclass(frozen=True)
 class PositionContext:
-    """Token positions and pairwise distances of one batch.
+    """Token positions and pairwise distances of one batch (immutable).
 
-    Args:
+    Attributes:
         padding_mask: ``(batch, length)`` bool, True at pads, over *all* tokens of the side so far
-            (in incremental decoding: every generated token, not only the current step); None when
-            the batch has no padding.
-        length: number of tokens of the side so far (the key length of self-attention).
-        structural: optional structural side data of the batch, collated like the tokens:
-            ``depth``, ``tin``, ``tout``, each ``(batch, length)`` long (see
-            :func:`structural_relative`).
+            (in incremental decoding: every generated token, not only the current step's).
+        distances: ``(length, length)`` long, ``i - j`` of query index i and key index j. Padding
+            shifts query and key of one sequence alike, so this is the token distance of every
+            real pair (pads are masked anyway).
+        positions: ``(batch, length)`` long token positions (pads clamped to 0), or None when the
+            side's padding is on the right, where a real token's position is its index.
+        left_pads: ``(batch,)`` number of pads before each sequence's first token, or None (right
+            padding).
+        depth: ``(batch, length)`` tree depth of each token's word (structural side data), or None.
+        structural_relative: ``(batch, length, length)`` clipped relative structural positions
+            (:func:`structural_relative`), or None without structural side data.
     """
 
-    def __init__(
-        self,
-        padding_mask: Optional[Tensor],
-        length: int,
-        device: torch.device,
+    padding_mask: Tensor
+    distances: Tensor
+    positions: Optional[Tensor] = None
+    left_pads: Optional[Tensor] = None
+    depth: Optional[Tensor] = None
+    structural_relative: Optional[Tensor] = None
+
+    @classmethod
+    def from_padding(
+        cls,
+        padding_mask: Tensor,
+        right_padded: bool,
         structural: Optional[Dict[str, Tensor]] = None,
-    ):
-        if padding_mask is not None and not bool(padding_mask.any()):
-            padding_mask = None
-        self.padding_mask = padding_mask
-        self.length = length
-        self.device = device
-        self.structural = structural or {}
-        self._positions: Optional[Tensor] = None
-        self._relative: Dict[Tuple[int, int], Tensor] = {}
-        self._structural_relative: Dict[int, Tensor] = {}
+        structural_clip: Optional[int] = None,
+    ) -> "PositionContext":
+        """Build the context of a batch from its ``(batch, length)`` padding mask.
+
+        Args:
+            right_padded: True where the side's batches are padded on the right only (fairseq's
+                target and language-model batches): token positions are then the indices. False
+                computes token positions from the mask, which is right for any padding.
+            structural: ``depth``, ``tin``, ``tout`` of every token, each ``(batch, length)`` long
+                (collated by ``--task translation_structural``).
+            structural_clip: clip of the relative structural positions; None when no term needs them.
+        """
+        length = padding_mask.size(1)
+        index = torch.arange(length, device=padding_mask.device)
+        positions = left_pads = None
+        if not right_padded:
+            positions = ((~padding_mask).long().cumsum(dim=1) - 1).clamp(min=0)
+            left_pads = padding_mask.long().cumprod(dim=1).sum(dim=1)
+        depth = relative = None
+        if structural is not None:
+            depth = structural["depth"]
+            if structural_clip is not None:
+                relative = structural_relative(
+                    structural["depth"], structural["tin"], structural["tout"], structural_clip)
+        return cls(padding_mask, index[:, None] - index[None, :], positions, left_pads, depth, relative)
 
     @classmethod
     def from_tokens(
-        cls, tokens: Tensor, padding_idx: int, structural: Optional[Dict[str, Tensor]] = None
+        cls,
+        tokens: Tensor,
+        padding_idx: int,
+        right_padded: bool = False,
+        structural: Optional[Dict[str, Tensor]] = None,
+        structural_clip: Optional[int] = None,
     ) -> "PositionContext":
-        return cls(tokens.eq(padding_idx), tokens.size(1), tokens.device, structural)
+        """:meth:`from_padding` of ``tokens.eq(padding_idx)``."""
+        return cls.from_padding(tokens.eq(padding_idx), right_padded, structural, structural_clip)
 
     @property
-    def left_padded(self) -> bool:
-        """True when some sequence has pads *before* its tokens, so index != token position."""
-        return self.padding_mask is not None and bool(self.padding_mask[:, 0].any())
-
-    def token_positions(self) -> Optional[Tensor]:
-        """``(batch, length)`` token positions (pads clamped to 0), or None when position == index."""
-        if not self.left_padded:
-            return None
-        if self._positions is None:
-            real = (~self.padding_mask).long()
-            self._positions = (real.cumsum(dim=1) - 1).clamp(min=0)
-        return self._positions
-
-    def left_pad_counts(self) -> Optional[Tensor]:
-        """``(batch,)`` number of pads before each sequence's first token; None without left pads."""
-        if not self.left_padded:
-            return None
-        return self.padding_mask.long().cumprod(dim=1).sum(dim=1)
+    def length(self) -> int:
+        """Number of tokens of the side so far (the key length of self-attention)."""
+        return self.padding_mask.size(1)
 
     def query_key_positions(self, tgt_len: int, src_len: int) -> Tuple[Tensor, Tensor]:
         """Token positions of the ``tgt_len`` queries (the last ones) and the ``src_len`` keys.
 
         Shapes ``(batch or 1, tgt_len)`` and ``(batch or 1, src_len)``. In incremental decoding the
-        query rows are the last ``tgt_len`` of ``src_len`` tokens (FAIRSEQ_NOTES, incremental decoding).
+        query rows are the last ``tgt_len`` of ``src_len`` tokens.
         """
-        positions = self.token_positions()
-        if positions is None:
-            keys = torch.arange(src_len, device=self.device).unsqueeze(0)
+        if self.positions is None:
+            keys = torch.arange(src_len, device=self.padding_mask.device).unsqueeze(0)
         else:
-            keys = positions[:, :src_len]
+            keys = self.positions[:, :src_len]
         return keys[:, src_len - tgt_len :], keys
 
     def relative_distances(self, tgt_len: int, src_len: int) -> Tensor:
-        """``(tgt_len, src_len)`` long tensor of ``i - j`` (query minus key token position).
+        """``(tgt_len, src_len)`` long ``i - j`` of the last ``tgt_len`` queries and first keys."""
+        return self.distances[src_len - tgt_len : src_len, :src_len]
 
-        Padding shifts query and key of one sequence alike, so the index difference is the token
-        distance for every real pair; pads are masked anyway. Memoised per shape.
-        """
-        key = (tgt_len, src_len)
-        if key not in self._relative:
-            queries = torch.arange(src_len - tgt_len, src_len, device=self.device)
-            keys = torch.arange(src_len, device=self.device)
-            self._relative[key] = queries[:, None] - keys[None, :]
-        return self._relative[key]
+    def query_padding_mask(self, tgt_len: int) -> Tensor:
+        """``(batch, tgt_len)`` bool, True at padded query rows."""
+        return self.padding_mask[:, self.length - tgt_len :]
 
-    def query_padding_mask(self, tgt_len: int) -> Optional[Tensor]:
-        """``(batch, tgt_len)`` bool, True at padded query rows; None without padding."""
-        if self.padding_mask is None:
-            return None
-        return self.padding_mask[:, self.length - tgt_len : self.length]
-
-    def structural_relative(self, clip: int) -> Tensor:
-        """``(batch, length, length)`` clipped relative structural positions, memoised per clip."""
-        if clip not in self._structural_relative:
-            if not self.structural:
-                raise ValueError(
-                    "structural positions need the parse side data of each sentence: train and "
-                    "translate with --task translation_structural")
-            s = self.structural
-            self._structural_relative[clip] = structural_relative(s["depth"], s["tin"], s["tout"], clip)
-        return self._structural_relative[clip]
+    def structural_buckets(self, tgt_len: int, src_len: int) -> Tensor:
+        """``(batch, tgt_len, src_len)`` clipped relative structural positions of the queries and keys."""
+        if self.structural_relative is None:
+            raise ValueError(
+                "structural positions need the parse side data of each sentence: train and "
+                "translate with --task translation_structural")
+        return self.structural_relative[:, src_len - tgt_len : src_len, :src_len]
 
 
 def structural_relative(depth: Tensor, tin: Tensor, tout: Tensor, clip: int) -> Tensor:
-    """Relative structural positions of a batch (Wang et al. 2019; SPEC.md section 6), vectorised.
+    """Relative structural positions of a batch (Wang et al. 2019, section 3.2), vectorised.
 
     Each token carries its word's tree depth and the entry/exit times ``tin``/``tout`` of that word
     in a depth-first walk of the parse, so word a is an ancestor of (or is) word b exactly when

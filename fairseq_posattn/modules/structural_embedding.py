@@ -32,7 +32,8 @@ class StructuralPositionalEmbedding(nn.Module):
 
     def forward(self, depth: Tensor, padding_mask: Tensor, sequential: Optional[Tensor]) -> Tensor:
         """``depth``, ``padding_mask``: ``(batch, length)``; ``sequential``: ``(batch, length, dim)``."""
-        check_length(int(depth.max()), self.max_depth, "the structural position embedding (tree depth)",
+        # a word's depth is below the sentence's token count: checking the length needs no sync
+        check_length(depth.size(1), self.max_depth, "the structural position embedding (tree depth)",
                      "--max-source-positions")
         index = (depth + self.padding_idx + 1).masked_fill(padding_mask, self.padding_idx)
         structural = F.embedding(index, self.table.to(sequential.dtype if sequential is not None else self.table.dtype))

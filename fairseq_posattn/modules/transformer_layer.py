@@ -1,18 +1,24 @@
 """fairseq's transformer layers with a position-aware self-attention where a side asks for one.
 
-Only ``build_self_attention`` changes: a layer whose side has no position term for it keeps
-fairseq's own :class:`~fairseq.modules.MultiheadAttention` (and its fused kernels).
+``build_self_attention`` builds ours where the layer has position terms; a layer without keeps
+fairseq's own :class:`~fairseq.modules.MultiheadAttention` (and its fused kernels). ``forward``
+takes the batch's :class:`~fairseq_posattn.modules.position_context.PositionContext` explicitly
+and hands it to the self-attention in the slot of its padding mask, which fairseq's layer code
+passes on untouched (see :mod:`fairseq_posattn.modules.attention`); fairseq's own attention gets
+the plain padding mask. The rest of the layer is fairseq's.
 """
 
-from typing import Any
+from typing import Any, Optional, Union
 
 from fairseq.modules.transformer_layer import (
     TransformerDecoderLayerBase,
     TransformerEncoderLayerBase,
 )
+from torch import Tensor
 
 from fairseq_posattn.compat import never_use_fused_encoder_layer
 from fairseq_posattn.modules.attention import PositionAwareMultiheadAttention
+from fairseq_posattn.modules.position_context import PositionContext
 
 
 def build_position_aware_attention(layer: Any, embed_dim: int, num_heads: int, cfg: Any):
@@ -26,6 +32,19 @@ def build_position_aware_attention(layer: Any, embed_dim: int, num_heads: int, c
     )
 
 
+def self_attention_input(layer: Any, ctx: PositionContext, query_len: int) -> Union[PositionContext, Tensor]:
+    """What ``layer`` hands its self-attention as ``key_padding_mask``: the whole context for ours;
+    for fairseq's own attention, the padding mask of the ``query_len`` current tokens (fairseq's
+    attention appends the cached steps' mask itself in incremental decoding)."""
+    if not isinstance(ctx, PositionContext):
+        raise TypeError(
+            f"{type(layer).__name__} needs its batch's PositionContext (position_context=...), got "
+            f"{type(ctx).__name__}: call it through a position-aware encoder or decoder")
+    if isinstance(layer.self_attn, PositionAwareMultiheadAttention):
+        return ctx
+    return ctx.query_padding_mask(query_len)
+
+
 class PositionAwareEncoderLayer(TransformerEncoderLayerBase):
     def __init__(self, cfg: Any, position_options: Any, layer_index: int, return_fc: bool = False):
         self.position_options = position_options
@@ -37,6 +56,10 @@ class PositionAwareEncoderLayer(TransformerEncoderLayerBase):
     def build_self_attention(self, embed_dim: int, cfg: Any):
         attention = build_position_aware_attention(self, embed_dim, cfg.encoder.attention_heads, cfg)
         return attention if attention is not None else super().build_self_attention(embed_dim, cfg)
+
+    def forward(self, x: Tensor, position_context: PositionContext, attn_mask: Optional[Tensor] = None):
+        """fairseq's encoder layer, with the batch's context instead of the padding mask."""
+        return super().forward(x, self_attention_input(self, position_context, x.size(0)), attn_mask=attn_mask)
 
     def _load_from_state_dict(self, *args, **kwargs):
         super()._load_from_state_dict(*args, **kwargs)
@@ -62,3 +85,23 @@ class PositionAwareDecoderLayer(TransformerDecoderLayerBase):
                 "decoder position terms need plain causal self-attention: drop --cross-self-attention "
                 "(and add_bias_kv / add_zero_attn) or the --decoder-* position options")
         return attention
+
+    def forward(
+        self,
+        x: Tensor,
+        encoder_out: Optional[Tensor] = None,
+        encoder_padding_mask: Optional[Tensor] = None,
+        incremental_state: Optional[dict] = None,
+        position_context: Optional[PositionContext] = None,
+        self_attn_mask: Optional[Tensor] = None,
+        need_attn: bool = False,
+        need_head_weights: bool = False,
+    ):
+        """fairseq's decoder layer, with the batch's context instead of the self-attention padding
+        mask (cross-attention keeps the source's ``encoder_padding_mask``)."""
+        return super().forward(
+            x, encoder_out, encoder_padding_mask, incremental_state,
+            self_attn_mask=self_attn_mask,
+            self_attn_padding_mask=self_attention_input(self, position_context, x.size(0)),
+            need_attn=need_attn, need_head_weights=need_head_weights,
+        )

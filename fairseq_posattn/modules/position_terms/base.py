@@ -14,9 +14,15 @@ which is built once per batch and shared by every layer.
 
 from typing import Optional, Tuple
 
+import torch
 from torch import Tensor, nn
 
 from fairseq_posattn.modules.position_context import PositionContext
+
+
+def at_least_fp32(dtype: torch.dtype) -> torch.dtype:
+    """The dtype that precision-sensitive steps run in: fp32 for fp16/bf16 models, else the model's."""
+    return torch.promote_types(dtype, torch.float32)
 
 
 class SequenceTooLongError(ValueError):

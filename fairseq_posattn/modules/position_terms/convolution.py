@@ -189,7 +189,7 @@ class ConvolvedAttention1d(PostSoftmaxTransform):
         batch, heads, tgt_len, src_len = probs.shape
         check_length(src_len, self.max_positions, "the 1d attention convolution (t key channels)",
                      self.max_positions_option)
-        left_pads = ctx.left_pad_counts()
+        left_pads = ctx.left_pads
         if left_pads is not None:
             probs = self._shift_columns(probs, left_pads, src_len)
         weight, bias = self._filters(src_len, probs.dtype)

@@ -26,7 +26,7 @@ class DirectAbsolutePositionBias(AdditiveLogitBias):
             src_len, self.max_positions, "the direct absolute position matrix A^p",
             self.max_positions_option,
         )
-        if not ctx.left_padded:
+        if ctx.positions is None:  # right padding: token positions are the indices
             first_query = src_len - tgt_len
             return self.weight[:, first_query:src_len, :src_len].unsqueeze(0)
         query_pos, key_pos = ctx.query_key_positions(tgt_len, src_len)

@@ -1,18 +1,21 @@
 """Distance-aware attention (Wu et al. 2021, DA-Transformer, section 3; SPEC.md section 4)."""
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fairseq_posattn.modules.position_context import PositionContext
-from fairseq_posattn.modules.position_terms.base import LogitScaling
+from fairseq_posattn.modules.position_terms.base import LogitScaling, at_least_fp32
 
 
 class DistanceAwareScaling(LogitScaling):
-    """``logits = ReLU(Q K^T) * Rhat / sqrt(d_h)`` with ``Rhat = f(w |i - j|; v)``.
+    """``logits = ReLU(Q K^T) * Rhat / sqrt(d_h)`` with ``Rhat = f(w |i - j|; v)`` (eq. 5 and 6).
 
-    ``f(x; v) = (1 + exp(v)) / (1 + exp(v - x))``, computed stably as ``(1 + exp(v)) * sigmoid(x - v)``.
-    Per head learnable w and v, both initialised to 0 so that ``f = 1`` everywhere at the start
-    (SPEC.md). The logits it receives are already scaled by 1/sqrt(d_h); ReLU commutes with that
+    ``f(x; v) = (1 + exp(v)) / (1 + exp(v - x))`` is computed in log space, as
+    ``exp(softplus(v) - softplus(v - x))``, and in fp32 whatever the model's precision: ``exp(v)``
+    alone is inf in fp16 past v ~ 11 (and in fp32 past v ~ 88), while f stays finite until its true
+    value overflows. Per head learnable w and v, both initialised to 0 so that ``f = 1`` everywhere
+    at the start. The logits it receives are already scaled by 1/sqrt(d_h); ReLU commutes with that
     positive scaling. Masks are applied by the kernel *after* this product.
     """
 
@@ -22,12 +25,13 @@ class DistanceAwareScaling(LogitScaling):
         self.v = nn.Parameter(torch.zeros(num_heads))
 
     def coefficients(self, ctx: PositionContext, tgt_len: int, src_len: int) -> Tensor:
-        """``Rhat`` of shape ``(heads, tgt_len, src_len)``."""
-        distance = ctx.relative_distances(tgt_len, src_len).abs().to(self.w.dtype)
-        x = self.w[:, None, None] * distance
-        v = self.v[:, None, None]
-        return (1 + torch.exp(v)) * torch.sigmoid(x - v)
+        """``Rhat`` of shape ``(heads, tgt_len, src_len)``, in fp32 (or fp64 for a double model)."""
+        dtype = at_least_fp32(self.w.dtype)
+        distance = ctx.relative_distances(tgt_len, src_len).abs().to(dtype)
+        w, v = self.w.to(dtype)[:, None, None], self.v.to(dtype)[:, None, None]
+        return torch.exp(F.softplus(v) - F.softplus(v - w * distance))
 
     def forward(self, logits: Tensor, ctx: PositionContext) -> Tensor:
+        """The rescaled logits in fp32 (the kernel's softmax runs in fp32 anyway)."""
         tgt_len, src_len = logits.shape[-2:]
-        return torch.relu(logits) * self.coefficients(ctx, tgt_len, src_len).to(logits.dtype)
+        return torch.relu(logits.to(at_least_fp32(logits.dtype))) * self.coefficients(ctx, tgt_len, src_len)

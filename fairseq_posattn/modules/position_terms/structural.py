@@ -14,5 +14,4 @@ class StructuralRelativeEmbeddings(RelativePositionEmbeddings):
     """Bucket ``rel_stru(i, j) + r`` with ``rel_stru`` clipped to ``[-r, r]``."""
 
     def buckets(self, ctx: PositionContext, tgt_len: int, src_len: int) -> Tensor:
-        rel = ctx.structural_relative(self.clip)
-        return rel[:, src_len - tgt_len : src_len, :src_len] + self.clip
+        return ctx.structural_buckets(tgt_len, src_len) + self.clip
