@@ -5,6 +5,7 @@ are no-ops where the behaviour is absent (official fairseq 0.12.2 on an older st
 """
 
 import argparse
+import importlib.util
 import sys
 import types
 
@@ -82,6 +83,60 @@ def _add_plugin_model_options(parser: argparse.ArgumentParser, argv: list) -> No
         model.add_args(parser.add_argument_group("Model-specific configuration"))
 
 
+def train_bf16_without_torch_xla() -> None:
+    """fairseq's ``options.parse_args_and_arch`` turns on ``--tpu`` whenever ``--bf16`` (or
+    ``--memory-efficient-bf16``) is given (the option's help: "use bfloat16; implies --tpu"). The
+    trainer then asks torch_xla for its device, and without torch_xla ``fairseq-train --bf16``
+    fails at start-up, on a CPU and on a GPU alike, with "'NoneType' object has no attribute
+    'xla_device'". Where torch_xla is not installed and ``--tpu`` was not given, keep it off, so
+    that ``--bf16`` trains in bfloat16 on the device fairseq would use otherwise (``--cpu`` or CUDA),
+    through the same ``FP16Optimizer`` / ``MemoryEfficientFP16Optimizer`` without loss scaling."""
+    from fairseq import options
+
+    original = options.parse_args_and_arch
+    if getattr(original, "keeps_bf16_off_tpu", False) or importlib.util.find_spec("torch_xla") is not None:
+        return
+
+    def parse_args_and_arch(parser, input_args=None, *args, **kwargs):
+        parsed = original(parser, input_args, *args, **kwargs)
+        namespace = parsed[0] if isinstance(parsed, tuple) else parsed
+        argv = sys.argv[1:] if input_args is None else list(input_args)
+        if getattr(namespace, "bf16", False) and "--tpu" not in argv:
+            namespace.tpu = False
+        return parsed
+
+    parse_args_and_arch.keeps_bf16_off_tpu = True
+    options.parse_args_and_arch = parse_args_and_arch
+
+
+def refuse_fp16_training_without_cuda() -> None:
+    """fairseq's fp16 training reaches for CUDA whatever the device: ``FP16Optimizer.build_fp32_params``
+    flattens the fp32 master weights onto ``torch.cuda.current_device()``, so ``fairseq-train --fp16``
+    fails at start-up on a CPU with "Torch not compiled with CUDA enabled" (or "No CUDA GPUs are
+    available"), and when the loss scaler finds an overflow ``Trainer.train_step`` resets the
+    gradient norm with ``torch.tensor(0.0).cuda()``, so ``--fp16-no-flatten-grads`` and
+    ``--memory-efficient-fp16`` run until the first overflow and crash there. Refuse fp16 training
+    on a CPU when the trainer is built, saying what to use instead."""
+    from fairseq.trainer import Trainer
+
+    original = Trainer.__init__
+    if getattr(original, "refuses_fp16_without_cuda", False):
+        return
+
+    def __init__(self, cfg, *args, **kwargs):
+        original(self, cfg, *args, **kwargs)
+        if self.cfg.common.fp16 and not self.cuda and not self.tpu:
+            raise ValueError(
+                "--fp16 / --memory-efficient-fp16 need a CUDA GPU: fairseq's fp16 training moves its "
+                "master weights and its loss-scaling overflow handling to CUDA. On a CPU use --bf16 or "
+                "--memory-efficient-bf16 (bfloat16, no loss scaling)")
+
+    __init__.refuses_fp16_without_cuda = True
+    Trainer.__init__ = __init__
+
+
 def apply_all() -> None:
     allow_fairseq_checkpoints_in_torch_load()
     restore_numpy_compat()
+    train_bf16_without_torch_xla()
+    refuse_fp16_training_without_cuda()

@@ -11,7 +11,7 @@ from typing import Dict, List
 
 import torch
 import torch.nn.functional as F
-from fairseq import metrics
+from fairseq import metrics, utils
 from fairseq.criterions import FairseqCriterion, register_criterion
 
 from fairseq_posattn.data.tagged_corpus import AMBIGUOUS_FLAG, OOV_FLAG
@@ -24,16 +24,21 @@ COUNTS = {  # logged count -> (words counted, correct ones): summed over batches
 
 
 def tagging_counts(predicted: torch.Tensor, target: torch.Tensor, flags: torch.Tensor,
-                   padding_idx: int) -> Dict[str, int]:
-    """Words, OOV words and ambiguous words, and how many of each are tagged right."""
+                   padding_idx: int) -> Dict[str, torch.Tensor]:
+    """Words, OOV words and ambiguous words, and how many of each are tagged right.
+
+    Each count is a 0-dim tensor on the batch's device: reading it on the host would wait for the
+    device at every step; fairseq sums the logging outputs as they are and
+    :meth:`PosTaggingCriterion.reduce_metrics` reads the sums once.
+    """
     real = target.ne(padding_idx)
     correct = predicted.eq(target) & real
     oov = (flags & OOV_FLAG).bool() & real
     ambiguous = (flags & AMBIGUOUS_FLAG).bool() & real
     return {
-        "n_words": int(real.sum()), "n_correct": int(correct.sum()),
-        "n_oov": int(oov.sum()), "n_correct_oov": int((correct & oov).sum()),
-        "n_ambiguous": int(ambiguous.sum()), "n_correct_ambiguous": int((correct & ambiguous).sum()),
+        "n_words": real.sum(), "n_correct": correct.sum(),
+        "n_oov": oov.sum(), "n_correct_oov": (correct & oov).sum(),
+        "n_ambiguous": ambiguous.sum(), "n_correct_ambiguous": (correct & ambiguous).sum(),
     }
 
 
@@ -57,7 +62,7 @@ class PosTaggingCriterion(FairseqCriterion):
     @staticmethod
     def reduce_metrics(logging_outputs: List[Dict]) -> None:
         def total(key: str) -> float:
-            return sum(log.get(key, 0) for log in logging_outputs)
+            return utils.item(sum(log.get(key, 0) for log in logging_outputs))
 
         sample_size = total("sample_size")
         metrics.log_scalar("loss", total("loss") / max(sample_size, 1) / math.log(2), sample_size, round=3)

@@ -48,7 +48,24 @@ decides where it is unambiguous):
 Training runs the LSTMs fused over the whole sequence (``nn.LSTM``) and computes every step's
 attention at once with a causal mask; the only loop over time is the scalar mu recurrence,
 vectorised over the batch. Incremental decoding caches the LSTM states, the memory (and Salton's
-scores), mu_{t-1} and the position generator's state.
+scores), mu_{t-1} and the position generator's state. The forward pass never reads a tensor's value
+on the host (no ``.item()``, no data-dependent shapes).
+
+Mixed precision (``--fp16``, ``--bf16``, ``--amp``): the LSTMs, the projections and the weighted
+sum run in the model's dtype; the numerically sensitive part of the attention runs in fp32 (autocast
+disabled there) and its weights are cast back, as fairseq does for its softmax: Salton's tanh and
+w_2 product, the softmax over the memory, and everything of Dagan's after the position generator
+(W_mu, w_sigma and the sigmoid, the mu recurrence, i/N, the Gaussian log-scores). In half precision
+the gradient of the log-score overflows once sigma is below about 0.04, and in bf16 the positions
+i/N of a long block are not distinct. fp32 results are unchanged.
+
+Activation checkpointing (``--checkpoint-activations``): in training, the attention over the past
+states (the B x T x T scores and weights, Salton's B x T x H tanh, the position generator and the
+mu recurrence) is recomputed in the backward pass instead of kept; the gradients are those of the
+plain model. ``--offload-activations`` sets it too and keeps the other tensors saved for the
+backward pass in CPU memory (``torch.autograd.graph.save_on_cpu``). The LSTMs themselves are not
+recomputed: cuDNN's dropout between layers would draw other masks the second time. Incremental
+decoding and evaluation (no gradients) never checkpoint.
 """
 
 import argparse
@@ -122,8 +139,8 @@ class SaltonAttention(nn.Module):
     ``score(h_i) = w_2 . tanh(W_1 h_i + b_1)``, ``a_it = softmax_{i<t} score(h_i)``,
     ``c_t = sum_{i<t} a_it h_i``. The score of a state does not depend on t, so it is computed once
     per state (and cached in incremental decoding). ``W_1 h_i`` runs in the model's dtype; the tanh
-    and the product with w_2 in fp32 (in bf16 a score of 10 would be rounded by 0.06, changing its
-    softmax weight by 6%).
+    and the product with w_2 in fp32 (in bf16 a score near 10 would be rounded to a multiple of
+    1/16, moving its softmax weight by up to 3%).
     """
 
     def __init__(self, hidden_size: int) -> None:

@@ -200,7 +200,8 @@ class ConvolvedAttention1d(PostSoftmaxTransform):
             earlier = None if history is None else _widen(history, probs)
             cache = _rows_to_cache(probs, earlier, k - 1)
             rows, top = (probs, k - 1) if earlier is None else (torch.cat([earlier, probs], dim=2), 0)
-            blocks = causal_blocks(tgt_len, src_len, self.block_rows)
+            blocks = ([(0, tgt_len, src_len)] if torch.compiler.is_compiling()  # one graph for all lengths
+                      else causal_blocks(tgt_len, src_len, self.block_rows))
             out = KeyChannelConvolution.apply(rows, weight, top, 0, blocks)
         out = out.add_(bias[None, :, None, :])
         if left_pads is not None:
