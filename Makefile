@@ -6,7 +6,7 @@ PIP := $(PY) -m pip --disable-pip-version-check
 STAMP := $(VENV)/.fairseq-posattn-installed
 FAIRSEQ := fairseq-fixed==0.12.3.1
 
-.PHONY: install quickstart test test-fast benchmark clean
+.PHONY: install quickstart test test-fast benchmark gpu-check clean
 
 install: $(STAMP)
 
@@ -35,6 +35,12 @@ benchmark: install
 	mkdir -p benchmark-output
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) scripts/benchmark.py --long --lm --threads 1 \
 		--output benchmark-output/benchmark.md --readme README.md
+
+# The GPU check (docs/gpu_check.md): the precision / checkpointing / compile / distributed tests on the
+# GPU, short --fp16 / --bf16 / --amp trainings on one and on all GPUs, the benchmark with --device cuda;
+# one report in gpu-check-output/ (sized for about 8 minutes on one H100). GPU_CHECK_ARGS=--quick: less.
+gpu-check: install
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) scripts/gpu_check.py --output gpu-check-output $(GPU_CHECK_ARGS)
 
 clean:
 	rm -rf quickstart-output benchmark-output .pytest_cache

@@ -19,6 +19,7 @@ setup(
         "posattn-compare = fairseq_posattn.cli.compare:main",
         "posattn-inspect = fairseq_posattn.cli.inspect:main",
         "posattn-prepare-tagging = fairseq_posattn.cli.prepare_tagging:main",
+        "posattn-prepare-classification = fairseq_posattn.cli.prepare_classification:main",
         "posattn-tag = fairseq_posattn.cli.tag:main",
         "posattn-learning-curves = fairseq_posattn.cli.learning_curves:main",
     ]},

@@ -1,4 +1,4 @@
-"""Shims for fairseq 0.12 on Python 3.11, torch >= 2.6 and numpy 2 (see ../shared/FAIRSEQ_NOTES.md).
+"""Shims for fairseq 0.12 on Python 3.11, torch >= 2.6 and numpy 2 (see docs/fairseq_compat.md).
 
 Each shim names the fairseq behaviour it works around. All are applied once, at plugin import, and
 are no-ops where the behaviour is absent (official fairseq 0.12.2 on an older stack included).

@@ -2,7 +2,7 @@
 """Train-step time, peak memory and beam-search speed of ``transformer_posattn`` against fairseq's
 ``transformer`` (and of ``transformer_lm_posattn`` against ``transformer_lm``).
 
-For every position variant (SPEC.md sections 1-6) the script builds the model in-process with
+For every position variant (docs/methods.md) the script builds the model in-process with
 fairseq's own machinery (``options.get_training_parser`` + ``parse_args_and_arch`` with
 ``--user-dir fairseq_posattn``, then ``models.build_model`` on its hydra config, as fairseq-train
 does), trains it for a few steps on synthetic Multi30k-like batches and reports its step time and
@@ -12,7 +12,7 @@ the same batches. With ``--lm``, the ``lm-*`` variants (the causal terms alone) 
 sentences of Multi30k-like lengths and on blocks of 512 tokens. Each ratio is checked against the
 performance issue's bound for its kind of term (``TARGETS``).
 
-Structural variants (Wang et al. 2019, SPEC.md section 6) read ``src_structure`` (depth, tin, tout
+Structural variants (Wang et al. 2019; docs/methods.md) read ``src_structure`` (depth, tin, tout
 per source token, as ``--task translation_structural`` collates it). Every source sentence of m BPE
 pieces gets the side data of a forest of real UD English-EWT trees (``--conllu``) of about
 m / 1.5 words, the pieces spread over the words as subwords; it is computed once per process with
@@ -59,6 +59,7 @@ Usage::
     python scripts/benchmark.py --variants struct-abs --decode-variants struct-abs struct-rel
     python scripts/benchmark.py --long --lm --readme README.md   # what `make benchmark` runs
     python scripts/benchmark.py --long --profile conv2d rpr      # torch.profiler tables instead
+    python scripts/benchmark.py --device cuda --variants san-p-r da   # on the GPU (default: cuda if present)
 """
 
 import argparse
@@ -97,6 +98,7 @@ REUSE_MALLOC_ENV = {
     "GLIBC_TUNABLES": "glibc.malloc.mmap_threshold=4294967296:glibc.malloc.trim_threshold=17179869184",
 }
 MALLOC_ENVS = {"reuse": REUSE_MALLOC_ENV, "default": {}}
+DEVICES = ("cpu", "cuda")
 LABEL_SMOOTHING = 0.1
 LONG_LENGTH = 512
 #: relative spread of vanilla's step times beyond which the report warns that the machine was busy
@@ -258,7 +260,7 @@ class WorkerSpec:
     warmup: int
     steps: int
     seed: int
-    cpu: bool
+    device: Optional[str]
     threads: Optional[int]
     conllu: str
     decode_length: int
@@ -483,7 +485,7 @@ class Worker:
         self.spec = spec
         if spec.threads is not None:
             torch.set_num_threads(spec.threads)
-        self.device = torch.device("cuda" if torch.cuda.is_available() and not spec.cpu else "cpu")
+        self.device = torch.device(spec.device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.dictionary = make_dictionary(spec.vocab_size)
         count = spec.warmup + spec.steps
         if spec.task == LANGUAGE_MODELING:
@@ -728,7 +730,7 @@ class Runner:
                           shape=group.shape.sentences(cli.decode_batch_size) if decoding else group.shape,
                           vocab_size=cli.vocab_size, warmup=cli.warmup,
                           steps=cli.decode_rounds if decoding else cli.steps, seed=cli.seed,
-                          cpu=cli.cpu, threads=cli.threads, conllu=str(cli.conllu),
+                          device=cli.device, threads=cli.threads, conllu=str(cli.conllu),
                           decode_length=cli.decode_length)
 
     def run(self, group: Group, mode: str, variants: Sequence[Variant], what: str,
@@ -1166,7 +1168,11 @@ def parse_cli(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     add("--skip-prepare", action="store_true",
         help="leave out the structural prepare timing (scripts/benchmark_structure.py)")
     add("--seed", type=int, default=1, help="seed of the batches and the weights (default: %(default)s)")
-    add("--cpu", action="store_true", help="stay on the CPU even if CUDA is available")
+    add("--device", choices=DEVICES,
+        help="where the models train and decode: cpu, or cuda (models and batches on the current "
+        "GPU, torch.cuda.synchronize around every timed region, peak memory from "
+        "torch.cuda.max_memory_allocated; default: cuda if torch sees a GPU, else cpu)")
+    add("--cpu", action="store_true", help="the same as --device cpu")
     add("--threads", type=int,
         help="torch intra-op threads of the workers (default: torch's choice); 1 is steadier on a "
         "machine that other jobs share")
@@ -1184,6 +1190,8 @@ def parse_cli(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         "with torch.profiler in every group, and print each one's most expensive operators")
     add("--worker", metavar="SPEC_JSON", help=argparse.SUPPRESS)
     cli = parser.parse_args(argv)
+    if (error := resolve_device(cli)) is not None:
+        parser.error(error)
     if min(cli.steps, cli.decode_rounds, cli.decode_batch_size) < 1 or cli.warmup < 0 or (
             cli.threads is not None and cli.threads < 1):
         parser.error("--steps, --decode-rounds, --decode-batch-size and --threads must be >= 1, "
@@ -1200,6 +1208,23 @@ def parse_cli(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         parser.error("need 1 <= --decode-length < --max-positions (fairseq decodes at most "
                      "--max-target-positions - 1 tokens)")
     return cli
+
+
+def resolve_device(cli: argparse.Namespace) -> Optional[str]:
+    """Fold ``--cpu`` into ``cli.device`` (None: the workers take CUDA where torch sees a GPU);
+    return why the choice cannot run, or None. torch is imported here for ``--device cuda`` only."""
+    if cli.cpu:
+        if cli.device == "cuda":
+            return "--cpu and --device cuda contradict each other: give one of them"
+        cli.device = "cpu"
+    if cli.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            return ("--device cuda: torch sees no CUDA device (torch.cuda.is_available() is False; "
+                    f"torch {torch.__version__}, built for CUDA {torch.version.cuda}): run on a GPU "
+                    "machine with a CUDA build of torch, or use --device cpu")
+    return None
 
 
 def build_groups(cli: argparse.Namespace) -> List[Group]:

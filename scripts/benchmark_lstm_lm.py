@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Training speed (tokens/s) of the attentive LSTM language models at the paper's sizes on PTB.
 
-SPEC.md section 7: the authors' code (gautierdag/pytorch-attentive-lm) trains at about 1,840
+The reference (docs/methods.md): the authors' code (gautierdag/pytorch-attentive-lm) trains at about 1,840
 tokens/s on a 2-core machine at the paper sizes; ours must be clearly faster.
 
 Each model is built through fairseq's own machinery (``options.parse_args_and_arch`` with
@@ -51,7 +51,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 USER_DIR = REPO_ROOT / "fairseq_posattn"
 DEFAULT_DATA = REPO_ROOT.parent / "shared" / "data" / "ptb_lm" / "ptb.train.txt.gz"
 FALLBACK_DATA = REPO_ROOT / "data" / "ptb_sample" / "train.txt"
-AUTHORS_TOKENS_PER_SECOND = 1840  # SPEC.md section 7
+AUTHORS_TOKENS_PER_SECOND = 1840  # docs/methods.md, attentive LSTM language models
 ARCHS = ["attentive_lstm_lm", "positional_attentive_lstm_lm", "lstm_lm"]
 
 

@@ -1,9 +1,10 @@
 #!/usr/bin/env python
-"""Throughput of structural positions (SPEC.md section 6; Wang et al. 2019), in sentences per second
+"""Throughput of structural positions (Wang et al. 2019; docs/methods.md), in sentences per second
 on one core.
 
-On real gold trees of UD English-EWT (``../shared/data``, else the shipped 60-sentence sample), with
-real subword-nmt BPE learned on the treebank's own words (``--bpe-merges``), it times:
+On real gold trees of UD English-EWT (``--conllu``: by default the dev set in ``../shared/data``
+beside the repository if present, else the shipped 60-sentence sample), with real subword-nmt BPE
+learned on the treebank's own words (``--bpe-merges``), it times:
 
 - ``align``: :func:`align_pieces` alone (check that the pieces rebuild the words, piece -> word);
 - ``align + positions``: align, then :func:`piece_structural_positions` sentence by sentence
@@ -22,7 +23,7 @@ Each timing is the best of ``--repeat`` runs. Threads are limited to one (set be
 Usage::
 
     python scripts/benchmark_structure.py
-    python scripts/benchmark_structure.py --conllu ../shared/data/ud_english_ewt/en_ewt-ud-train.conllu.gz
+    python scripts/benchmark_structure.py --conllu /path/to/en_ewt-ud-train.conllu.gz
 """
 
 import os

@@ -1,13 +1,14 @@
 """Build small models through fairseq's own argument parsing, as fairseq-train does."""
 
 import os
-from typing import Dict, List
+from typing import Any, Dict, List, Mapping
 
 from fairseq import models, options
 from fairseq.data import Dictionary
 from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
 from fairseq_posattn.modules.attention import PositionAwareMultiheadAttention
+from fairseq_posattn.modules.position_terms.registry import all_variants, variant_flags
 from reference_attention import randomize_
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -55,27 +56,16 @@ def build_lm(arch: str, extra: List[str]):
     return build_model(arch, extra, tiny=TINY_LM)
 
 
-SIDE_VARIANTS: Dict[str, List[str]] = {
-    "direct-absolute": ["direct-position", "absolute"],
-    "direct-relative": ["direct-position", "relative"],
-    "direct-both-all-layers": ["direct-position", "both", "direct-position-layers", "all"],
-    "temperature": ["learnable-temperature"],
-    "conv-1d": ["conv-attention", "1d"],
-    "conv-2d": ["conv-attention", "2d"],
-    "conv-2d-k5": ["conv-attention", "2d", "conv-attention-kernel", "5"],
-    "distance-aware": ["distance-aware"],
-    "shaw": ["relative-positions", "3"],
-    "combined": ["direct-position", "both", "learnable-temperature", "conv-attention", "2d",
-                 "distance-aware", "relative-positions", "2"],
-}
+#: everything but the 1d convolution (one post-softmax term per layer) at once
+COMBINED = {"direct_position": "both", "learnable_temperature": True, "conv_attention": "2d",
+            "distance_aware": True, "relative_positions": 2, "t5_relative_bias": 8, "t5_max_distance": 16,
+            "alibi": True, "rotary": True}
+#: every registered method's variants (the registry's), and all methods at once
+SIDE_VARIANTS: Dict[str, Mapping[str, Any]] = {**all_variants(), "combined": COMBINED}
 
 
 def side_flags(side: str, variant: str) -> List[str]:
-    flags = []
-    for word in SIDE_VARIANTS[variant]:
-        flags.append(word if word[0].isdigit() or word in ("absolute", "relative", "both", "all", "1d", "2d")
-                     else f"--{side}-{word}")
-    return flags
+    return variant_flags(side, SIDE_VARIANTS[variant])
 
 
 def randomized(model):

@@ -1,4 +1,4 @@
-"""A direct, loop-by-loop re-implementation of SPEC.md sections 1-5 for one sentence at a time.
+"""A direct, loop-by-loop re-implementation of the methods in docs/methods.md, one sentence at a time.
 
 Deliberately naive (Python loops over heads, queries and keys; no padding tricks): it works on the
 real tokens of one sentence only, so agreeing with it also shows that padding changes nothing.
@@ -18,6 +18,44 @@ def _f_distance(x: float, v: float) -> float:
     return (1 + math.exp(v)) / (1 + math.exp(v - x))
 
 
+def _t5_bucket(distance: int, buckets: int, max_distance: int, bidirectional: bool) -> int:
+    """T5's bucket of a query-minus-key distance, written out case by case (Raffel et al. 2020)."""
+    offset = 0
+    if bidirectional:
+        buckets //= 2
+        if distance < 0:  # the key comes after the query
+            offset, distance = buckets, -distance
+    distance = max(distance, 0)
+    exact = buckets // 2
+    if distance < exact:
+        return offset + distance
+    grown = exact + int(math.log(distance / exact) / math.log(max_distance / exact) * (buckets - exact))
+    return offset + min(grown, buckets - 1)
+
+
+def _additive(term, h: int, i: int, j: int, causal: bool) -> float:
+    """One additive term's bias for head h, query i, key j (token positions of one sentence)."""
+    if hasattr(term, "table"):  # T5
+        return float(term.table[_t5_bucket(i - j, term.num_buckets, term.max_distance, term.bidirectional), h])
+    if hasattr(term, "slopes"):  # ALiBi
+        return -float(term.slopes[h]) * ((i - j) if causal else abs(i - j))
+    if term.weight.dim() == 3:  # A^p, absolute
+        return float(term.weight[h, i, j])
+    return float(term.weight[h, i - j + term.max_positions - 1])  # a^r, relative
+
+
+def _rotated(vector: Tensor, position: int) -> Tensor:
+    """RoPE: turn each pair of dimensions (2k, 2k + 1) by position * 10000^(-2k/d) (Su et al. 2021)."""
+    d = vector.numel()
+    out = vector.clone()
+    for k in range(d // 2):
+        angle = position * 10000.0 ** (-2.0 * k / d)
+        a, b = float(vector[2 * k]), float(vector[2 * k + 1])
+        out[2 * k] = a * math.cos(angle) - b * math.sin(angle)
+        out[2 * k + 1] = a * math.sin(angle) + b * math.cos(angle)
+    return out
+
+
 def reference_attention(
     attn: PositionAwareMultiheadAttention, x: Tensor, causal: bool
 ) -> Tuple[Tensor, Tensor]:
@@ -35,6 +73,9 @@ def reference_attention(
         q = x @ (attn.q_proj.weight[rows] * gammas[0, h]).t() + attn.q_proj.bias[rows]
         k = x @ (attn.k_proj.weight[rows] * gammas[1, h]).t() + attn.k_proj.bias[rows]
         v = x @ (attn.v_proj.weight[rows] * gammas[2, h]).t() + attn.v_proj.bias[rows]
+        if len(attn.query_key_terms) > 0:  # rotary
+            q = torch.stack([_rotated(q[i], i) for i in range(L)])
+            k = torch.stack([_rotated(k[j], j) for j in range(L)])
         logits = torch.full((L, L), float("-inf"), dtype=x.dtype)
         for i in range(L):
             for j in range(L):
@@ -49,11 +90,7 @@ def reference_attention(
                     w, vv = float(attn.scaling_term.w[h]), float(attn.scaling_term.v[h])
                     e = max(e, 0.0) * _f_distance(w * abs(i - j), vv)
                 for term in attn.additive_terms:
-                    t = term.max_positions
-                    if term.weight.dim() == 3:  # A^p, absolute
-                        e += float(term.weight[h, i, j])
-                    else:  # a^r, relative
-                        e += float(term.weight[h, i - j + t - 1])
+                    e += _additive(term, h, i, j, causal)
                 logits[i, j] = e
         probs = torch.softmax(logits, dim=-1)
         if attn.post_softmax_term is not None:

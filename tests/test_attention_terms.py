@@ -12,24 +12,17 @@ from fairseq_posattn.modules.position_context import PositionContext
 from fairseq_posattn.modules.position_terms.base import SequenceTooLongError
 from fairseq_posattn.modules.position_terms.distance_aware import DistanceAwareScaling
 from fairseq_posattn.modules.position_terms.relative_embeddings import RelativePositionEmbeddings
+from fairseq_posattn.modules.position_terms.registry import all_variants
+from model_helpers import COMBINED
 from reference_attention import randomize_, reference_attention, sentence_of
 
 E, H, T_MAX = 8, 2, 9
 
+#: every registered method's variants, and all methods at once (with the 2d or the 1d convolution)
 VARIANTS = {
-    "direct-absolute": dict(direct_position="absolute"),
-    "direct-relative": dict(direct_position="relative"),
-    "direct-both": dict(direct_position="both"),
-    "temperature": dict(learnable_temperature=True),
-    "conv-2d": dict(conv_attention="2d"),
-    "conv-2d-k5": dict(conv_attention="2d", conv_attention_kernel=5),
-    "conv-1d": dict(conv_attention="1d"),
-    "distance-aware": dict(distance_aware=True),
-    "shaw": dict(relative_positions=2),
-    "all-at-once": dict(direct_position="both", learnable_temperature=True, conv_attention="2d",
-                        distance_aware=True, relative_positions=3),
-    "all-with-conv-1d": dict(direct_position="both", learnable_temperature=True, conv_attention="1d",
-                             distance_aware=True, relative_positions=3),
+    **all_variants(),
+    "all-at-once": COMBINED,
+    "all-with-conv-1d": dict(COMBINED, conv_attention="1d"),
 }
 
 
@@ -105,7 +98,8 @@ def assert_matches_reference(attn: PositionAwareMultiheadAttention, causal: bool
         assert probs[:, b][:, real][:, :, ~real].abs().max().item() == 0 if (~real).any() else True
 
 
-@pytest.mark.parametrize("variant", ["conv-1d", "conv-2d", "distance-aware", "shaw", "all-with-conv-1d"])
+@pytest.mark.parametrize("variant", ["conv-1d", "conv-2d", "distance-aware", "shaw", "t5-bias", "rotary",
+                                     "all-with-conv-1d"])
 @pytest.mark.parametrize("causal,padding", [(False, "left"), (True, "right")])
 def test_gradients_match_finite_differences(variant, causal, padding):
     """Backward passes (the 1d convolution's own, in blocks of 2 rows; in-place masking) against
@@ -125,14 +119,20 @@ def test_gradients_match_finite_differences(variant, causal, padding):
     assert torch.autograd.gradcheck(attend, inputs, eps=1e-6, atol=1e-5)
 
 
-@pytest.mark.parametrize("variant", ["direct-both", "temperature"])
-def test_fused_path_equals_explicit_path(variant):
-    """Additive biases and temperature run through scaled_dot_product_attention unless weights are
-    needed: both paths give one result."""
-    attn = build_attention(VARIANTS[variant], causal=False)
-    x, mask = batch("left")
-    fused, _ = attn(x, x, x, key_padding_mask=context(mask, x), need_weights=False)
-    explicit, _ = attn(x, x, x, key_padding_mask=context(mask, x), need_weights=True)
+def runs_fused(variant: str) -> bool:
+    return not build_attention(VARIANTS[variant], causal=False)._uses_probabilities(need_weights=False)
+
+
+@pytest.mark.parametrize("variant", sorted(filter(runs_fused, VARIANTS)))
+@pytest.mark.parametrize("causal,padding", [(False, "left"), (True, "right")])
+def test_fused_path_equals_explicit_path(variant, causal, padding):
+    """Query/key transforms, additive biases and temperature run through
+    scaled_dot_product_attention unless weights are needed: both paths give one result."""
+    attn = build_attention(VARIANTS[variant], causal=causal)
+    x, mask = batch(padding)
+    causal_part = dict(attn_mask=causal_mask(x.size(0))) if causal else {}
+    fused, _ = attn(x, x, x, key_padding_mask=context(mask, x), need_weights=False, **causal_part)
+    explicit, _ = attn(x, x, x, key_padding_mask=context(mask, x), need_weights=True, **causal_part)
     real = ~mask
     torch.testing.assert_close(fused.transpose(0, 1)[real], explicit.transpose(0, 1)[real])
 
@@ -173,11 +173,16 @@ def test_shaw_key_logits_gather_equals_explicit_sum():
 
 
 @pytest.mark.parametrize("variant", ["direct-absolute", "direct-relative", "conv-1d"])
-def test_sequence_longer_than_t_names_the_option(variant):
+def test_sequence_longer_than_t_is_refused(variant):
+    """The term refuses what it has no parameters for; the side's check names the option."""
     attn = build_attention(VARIANTS[variant], causal=False)
     x = torch.randn(T_MAX + 1, 1, E, dtype=torch.double)
-    with pytest.raises(SequenceTooLongError, match="--max-positions"):
+    with pytest.raises(SequenceTooLongError, match=f"longer than the {T_MAX} positions"):
         attn(x, x, x, key_padding_mask=context(None, x))
+    options = SidePositionOptions("encoder", False, T_MAX, "--max-positions", **VARIANTS[variant])
+    with pytest.raises(SequenceTooLongError, match="larger --max-positions"):
+        options.check_length(T_MAX + 1)
+    options.check_length(T_MAX)
 
 
 @pytest.mark.parametrize("causal", [False, True])

@@ -1,12 +1,9 @@
 """End to end through fairseq's real command-line tools, in subprocesses, on the shipped Multi30k
 sample: fairseq-preprocess, fairseq-train with several position terms on at once, fairseq-generate
-and fairseq-interactive from the saved checkpoint in fresh processes, resume, distributed (gloo)."""
+and fairseq-interactive from the saved checkpoint in fresh processes, resume (distributed training: test_distributed.py)."""
 
 import os
 import re
-import socket
-import subprocess
-import sys
 from typing import List
 
 import pytest
@@ -133,42 +130,3 @@ def test_unknown_combination_fails_at_start_up_with_the_fix(corpus, tmp_path):
         "--encoder-direct-position-layers", "all", "--max-update", "1", "--save-dir", str(tmp_path),
     ])
     assert "--encoder-direct-position-layers all has no effect without --encoder-direct-position" in result.stderr
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-# Only rank 0 saves checkpoints in fairseq; to compare the ranks' weights, rank 1 is allowed to
-# save into its own directory too. Training itself is fairseq's, unchanged.
-SAVE_ON_EVERY_RANK = (
-    "import sys, fairseq.trainer as t;"
-    "t.Trainer.should_save_checkpoint_on_current_rank = property(lambda self: True);"
-    "from fairseq_cli.train import cli_main; sys.argv[0] = 'fairseq-train'; cli_main()"
-)
-
-
-def test_two_cpu_processes_train_in_sync(corpus, tmp_path):
-    port = _free_port()
-    procs = []
-    for rank in range(2):
-        os.makedirs(tmp_path / f"rank{rank}")  # fairseq creates the save dir on rank 0 only
-        args = [corpus["data_bin"], *MODEL, *VARIANTS, *TRAINING, "--max-update", "3",
-                "--save-dir", str(tmp_path / f"rank{rank}"), "--no-save-optimizer-state",
-                "--distributed-world-size", "2", "--distributed-rank", str(rank),
-                "--distributed-init-method", f"tcp://127.0.0.1:{port}", "--distributed-no-spawn",
-                "--distributed-backend", "gloo", "--device-id", "0", "--ddp-backend", "legacy_ddp"]
-        procs.append(subprocess.Popen([sys.executable, "-c", SAVE_ON_EVERY_RANK, *args], cwd=REPO,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    outputs = [p.communicate(timeout=600)[0] for p in procs]
-    for p, out in zip(procs, outputs):
-        assert p.returncode == 0, "\n".join(o[-3000:] for o in outputs)
-    weights = [torch.load(tmp_path / f"rank{r}" / "checkpoint_last.pt", weights_only=False)["model"]
-               for r in range(2)]
-    assert weights[0].keys() == weights[1].keys()
-    for name in weights[0]:
-        torch.testing.assert_close(weights[0][name], weights[1][name], msg=name)
-    start = torch.load(tmp_path / "rank0" / "checkpoint_last.pt", weights_only=False)
-    assert start["optimizer_history"][-1]["num_updates"] == 3

@@ -1,5 +1,5 @@
 """``attentive_lstm_lm`` (Salton et al. 2017) and ``positional_attentive_lstm_lm`` (Dagan 2019):
-attention against a loop-by-loop re-implementation of SPEC.md section 7, causality (the paper's
+attention against a loop-by-loop re-implementation of the papers' equations, causality (the paper's
 sentence normalizer leaks, by design of the option), incremental decoding, no NaN at the first step,
 and end to end through fairseq-preprocess / fairseq-train / fairseq-eval-lm on a PTB slice."""
 
@@ -84,7 +84,7 @@ def _lstm_cell(x: Tensor, h: Tensor, c: Tensor, w_ih: Tensor, w_hh: Tensor, b_ih
 
 
 def reference_positional(attention: PositionalAttention, h: Tensor, N: List[float]) -> Tuple[Tensor, int, int]:
-    """Dagan eq. 5-13 as written in SPEC.md section 7, one sentence and one step at a time.
+    """Dagan eq. 5-13 as written in docs/methods.md, one sentence and one step at a time.
 
     Returns the contexts (B x T x H) and how often mu_t hit its upper bound t/N and how often not,
     so that a test can show both branches of the clamp were exercised."""

@@ -17,13 +17,13 @@ from fairseq_cli import preprocess as preprocess_cli
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from cli_helpers import binarize, prepare_sample, run, run_failing
-from fairseq_posattn.cli import parse as parse_cli
 from fairseq_posattn.cli import prepare_structure as prepare_structure_cli
 from fairseq_posattn.criterions.pos_tagging import PosTaggingCriterion, tagging_counts
 from fairseq_posattn.data.sentence_classification import split_corpus
 from fairseq_posattn.data.tagged_corpus import AMBIGUOUS_FLAG, OOV_FLAG
 from fairseq_posattn.data.tagging_binarize import prepare_tagging_data
 from fairseq_posattn.optim.rmsprop import FairseqRMSprop, RMSprop, RMSpropConfig
+from fairseq_posattn.structure.parse_pipeline import BackendSpec, parse_corpus
 from fairseq_posattn.structure.parsers import DEFAULT_SPACY_MODEL
 from model_helpers import REPO, USER_DIR
 
@@ -269,7 +269,7 @@ def structural_bin(translation_corpus) -> str:
     """The same corpus with spaCy parses of its source side as structural side data."""
     prepared, data_bin = translation_corpus["prepared"], translation_corpus["data_bin"]
     for split in ("train", "valid"):  # what posattn-parse and posattn-prepare-structure run, in this process
-        parse_cli.run(parse_cli.BackendSpec(
+        parse_corpus(BackendSpec(
             backend="spacy", model=DEFAULT_SPACY_MODEL, lang="en", use_gpu=False, batch_size=256,
             stanza_dir=None, parses=None, input=f"{prepared}/{split}.tok.en"), f"{prepared}/{split}.conllu")
         prepare_structure_cli.main([

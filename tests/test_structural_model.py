@@ -1,4 +1,4 @@
-"""Structural positions inside the model: the per-token side data rebuilds the SPEC's relative
+"""Structural positions inside the model: the per-token side data rebuilds Wang et al.'s relative
 structural positions, the encoder is padding invariant with them, the absolute embedding uses the
 sequential sinusoid, and every row of Wang et al.'s Table 1 is expressible by flags."""
 
@@ -24,7 +24,7 @@ EWT_SAMPLE = os.path.join(REPO, "data", "ud_ewt_sample", "en_ewt-ud-dev.sample.c
 
 
 def ewt_heads(limit: int = 400):
-    """Heads of real UD English-EWT trees (the full dev set when ../shared is there)."""
+    """Heads of real UD English-EWT trees (all of ``EWT_DEV`` if present, else the sample)."""
     import conllu
 
     path = EWT_DEV if os.path.exists(EWT_DEV) else EWT_SAMPLE

@@ -1,4 +1,4 @@
-"""Structural positions (SPEC.md section 6; Wang et al. 2019): hand-made SPEC examples, real UD trees
+"""Structural positions (Wang et al. 2019; docs/methods.md): hand-made examples, real UD trees
 against a naive re-implementation, bad trees and malformed CoNLL-U, BPE alignment, a real spaCy parse
 through the pipeline, and the ``posattn-parse`` command (shards, merge, resume)."""
 
@@ -15,6 +15,7 @@ from subword_nmt.apply_bpe import BPE
 
 from fairseq_posattn.cli import parse as parse_cli
 from fairseq_posattn.data.text_pipeline import learn_bpe
+from fairseq_posattn.structure import parse_pipeline
 from fairseq_posattn.structure import (TreeError, align_pieces, piece_structural_positions,
                                        structural_relative_positions, tree_depths)
 from fairseq_posattn.structure.alignment import batch_piece_structural_positions
@@ -29,7 +30,7 @@ MULTI30K = REPO / "data" / "multi30k_sample" / "train.en"
 # "The cat sat on the mat ." : The->cat, cat->sat, sat root, on->mat, the->mat, mat->sat, .->sat
 CAT_HEADS = [2, 3, 0, 6, 6, 3, 3]
 CAT_DEPTHS = [2, 1, 0, 2, 2, 1, 1]
-# written out by hand from the SPEC's two rules (row = query word i, column = key word j)
+# written out by hand from the two rules of docs/methods.md (row = query word i, column = key word j)
 CAT_REL = [
     [0, 1, 2, -4, -4, -3, -3],
     [-1, 0, 1, -3, -3, -2, -2],
@@ -41,7 +42,7 @@ CAT_REL = [
 ]
 
 
-# ----------------------------------------------------------------------------- (a) SPEC by hand
+# ----------------------------------------------------------------------------- (a) the rules by hand
 def test_spec_example_by_hand():
     assert tree_depths(CAT_HEADS) == CAT_DEPTHS
     rel = structural_relative_positions(CAT_HEADS)
@@ -115,7 +116,7 @@ def naive_ancestors(heads: List[int], word: int) -> set:
 
 
 def naive_rel(heads: List[int], clip=None) -> List[List[int]]:
-    """The SPEC's definition, pair by pair."""
+    """The definition (docs/methods.md, Structural positions), pair by pair."""
     n = len(heads)
     depth = [naive_depth(heads, w) for w in range(1, n + 1)]
     chains = [naive_ancestors(heads, w) for w in range(1, n + 1)]
@@ -133,7 +134,7 @@ def naive_rel(heads: List[int], clip=None) -> List[List[int]]:
 
 
 def naive_piece_positions(heads: List[int], piece_to_word: List[int], clip=None):
-    """Pieces and EOS straight from the SPEC: pieces copy their words, the EOS is on no path."""
+    """Pieces and EOS straight from the definition: pieces copy their words, the EOS is on no path."""
     word_rel = naive_rel(heads)
     depth = [naive_depth(heads, w) for w in range(1, len(heads) + 1)]
     eos = 1 + max(depth, default=0)
@@ -403,8 +404,8 @@ def test_parse_cli_shards_merge_and_resume(tmp_path, text_file, tokenized_lines,
     done = {k: os.stat(f"{out}.shard-{k}-of-3") for k in (0, 2)}
 
     built = []
-    real_make_backend = parse_cli.make_backend
-    monkeypatch.setattr(parse_cli, "make_backend", lambda spec: built.append(spec) or real_make_backend(spec))
+    real_make_backend = parse_pipeline.make_backend
+    monkeypatch.setattr(parse_pipeline, "make_backend", lambda spec: built.append(spec) or real_make_backend(spec))
     run_cli(*spacy)  # resume: only shard 1 is parsed, then all three are merged
     for k, before in done.items():
         after = os.stat(f"{out}.shard-{k}-of-3")
@@ -412,7 +413,7 @@ def test_parse_cli_shards_merge_and_resume(tmp_path, text_file, tokenized_lines,
     assert len(built) == 1
     merged = list(read_conllu(str(out)))
     assert [s.words for s in merged] == [line.split() for line in tokenized_lines]
-    assert parse_cli.SHARD_TAG not in out.read_text(encoding="utf-8")  # shard headers are not merged
+    assert parse_pipeline.SHARD_TAG not in out.read_text(encoding="utf-8")  # shard headers are not merged
     sent_ids = [line for line in out.read_text(encoding="utf-8").splitlines() if line.startswith("# sent_id")]
     assert sent_ids == [f"# sent_id = {k}" for k in range(1, 41)]
 

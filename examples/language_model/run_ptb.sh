@@ -7,6 +7,8 @@
 #   PTB_DIR=/path/to/ptb bash examples/language_model/run_ptb.sh
 #
 # PTB_DIR holds ptb.{train,valid,test}.txt (or .txt.gz; the Mikolov version, <unk> and N already in).
+# Device: the GPUs torch sees (all of them, the batch split over them), else the CPU; PRECISION=fp16,
+# bf16 or amp for mixed precision (examples/lib/device.sh).
 set -euo pipefail
 
 # ---------------------------------------------------------------- settings (override by env) ----
@@ -25,7 +27,7 @@ MAX_TARGET_POSITIONS=${MAX_TARGET_POSITIONS:-128} # >= longest PTB sentence + eo
 
 # Budget, the same for every model.
 MAX_UPDATE=${MAX_UPDATE:-250}
-BATCH_SIZE=${BATCH_SIZE:-32}                      # sentences per update
+BATCH_SIZE=${BATCH_SIZE:-32}                      # samples per update, whatever the number of GPUs
 LR=${LR:-0.001}
 WARMUP=${WARMUP:-100}
 DROPOUT=${DROPOUT:-0.1}
@@ -43,6 +45,9 @@ TF_FFN=${TF_FFN:-512}
 TF_LAYERS=${TF_LAYERS:-2}
 TF_HEADS=${TF_HEADS:-4}
 # -------------------------------------------------------------------------------------------------
+
+source "$REPO/examples/lib/device.sh"             # DEVICE_FLAGS (--cpu without a GPU), PRECISION_FLAGS, split_batch
+split_batch "$BATCH_SIZE" 1 samples
 
 RAW=$OUT/raw
 DATA=$OUT/data-bin
@@ -92,9 +97,10 @@ train_and_eval() {
     OMP_NUM_THREADS=$THREADS MKL_NUM_THREADS=$THREADS fairseq-train "$DATA" $COMMON_DATA $(model_flags "$name") \
         --dropout "$DROPOUT" --optimizer adam --adam-betas '(0.9, 0.98)' --clip-norm 1.0 \
         --lr "$LR" --lr-scheduler inverse_sqrt --warmup-updates "$WARMUP" --warmup-init-lr 1e-07 \
-        --batch-size "$BATCH_SIZE" --required-batch-size-multiple 1 --max-update "$MAX_UPDATE" \
+        --batch-size "$SIZE_PER_DEVICE" --update-freq "$UPDATE_FREQ_PER_DEVICE" --required-batch-size-multiple 1 \
+        --max-update "$MAX_UPDATE" "${PRECISION_FLAGS[@]}" \
         --disable-validation --no-epoch-checkpoints --save-dir "$ckdir" --seed 1 --num-workers 0 \
-        --log-format simple --log-interval 100 --cpu > "$OUT/logs/train.$name.log" 2>&1
+        --log-format simple --log-interval 100 "${DEVICE_FLAGS[@]}" > "$OUT/logs/train.$name.log" 2>&1
     end=$(date +%s)
     echo "wall_seconds $((end - start))" >> "$OUT/logs/train.$name.log"
     # fresh processes, from the checkpoint; every target token incl. end of sentence is scored
@@ -103,7 +109,7 @@ train_and_eval() {
             --user-dir "$USER_DIR" --path "$ckdir/checkpoint_last.pt" --gen-subset "$subset" \
             --sample-break-mode "$BREAK_MODE" --tokens-per-sample "$TOKENS_PER_SAMPLE" \
             --max-target-positions "$MAX_TARGET_POSITIONS" --max-tokens "$EVAL_MAX_TOKENS" \
-            --num-workers 0 --cpu > "$OUT/logs/eval.$name.$subset.log" 2>&1
+            --num-workers 0 "${DEVICE_FLAGS[@]}" > "$OUT/logs/eval.$name.$subset.log" 2>&1
     done
     echo "done $name ($((end - start)) s training)"
 }

@@ -10,6 +10,8 @@
 # val.{en,de}.gz, test_2016_flickr.{en,de}.gz; default ../shared/data/multi30k next to the repository.
 # Settings below can be overridden from the environment (PRESET=paper VARIANTS="4 5 6 7 9" ...); see
 # README.md. Steps whose output exists are skipped: delete $OUT (or a step's output) to redo them.
+# Device: the GPUs torch sees (all of them, the batch split over them), else the CPU; PRECISION=fp16,
+# bf16 or amp for mixed precision (examples/lib/device.sh).
 set -euo pipefail
 
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -28,7 +30,8 @@ SEQ_REL_CLIP="${SEQ_REL_CLIP:-16}"   # k, Shaw's relative sequential clip (rows 
 BPE_MERGES="${BPE_MERGES:-5000}"
 SEED="${SEED:-1}"
 BEAM=5
-EXTRA_TRAIN_FLAGS="${EXTRA_TRAIN_FLAGS:-}"   # e.g. "--fp16" on a GPU
+UPDATE_FREQ="${UPDATE_FREQ:-1}"      # steps per update on ONE device: MAX_TOKENS x UPDATE_FREQ tokens per update
+EXTRA_TRAIN_FLAGS="${EXTRA_TRAIN_FLAGS:-}"   # more fairseq-train flags (precision: PRECISION=fp16|bf16|amp)
 case "$PRESET" in
     small)  # 3+3 layers, 128 dim: 1,500 updates of 2,048 tokens (5.5 epochs) per model, 3 models at once
         MODEL_FLAGS=(--arch transformer_posattn --encoder-layers 3 --decoder-layers 3
@@ -50,7 +53,7 @@ esac
 TRAIN_FLAGS=("${MODEL_FLAGS[@]}" --optimizer adam --adam-betas "(0.9, 0.98)" --clip-norm 0.0 --weight-decay 0.0001
              --lr "$LR" --lr-scheduler inverse_sqrt --warmup-updates "$WARMUP" --warmup-init-lr 1e-07
              --criterion label_smoothed_cross_entropy --label-smoothing 0.1
-             --max-tokens "$MAX_TOKENS" --max-update "$MAX_UPDATE" --seed "$SEED"
+             --max-update "$MAX_UPDATE" --seed "$SEED"
              --share-all-embeddings --max-source-positions 128 --max-target-positions 128
              --no-epoch-checkpoints --log-format simple --log-interval 100)
 # --------------------------------------------------------------------------------------------------
@@ -69,8 +72,9 @@ declare -A RAW_NAME=([train]=train [valid]=val [test]=test_2016_flickr)
 CORES="$(nproc)"   # before OMP_NUM_THREADS, which nproc obeys
 [[ -n "$THREADS" ]] && export OMP_NUM_THREADS="$THREADS" MKL_NUM_THREADS="$THREADS"
 if (( DRY_RUN )); then JOBS=1; fi
-DEVICE_FLAGS=()
-python -c "import torch, sys; sys.exit(not torch.cuda.is_available())" 2>/dev/null || DEVICE_FLAGS=(--cpu)
+source "$REPO_ROOT/examples/lib/device.sh"  # DEVICE_FLAGS, PRECISION_FLAGS, split_batch
+split_batch "$MAX_TOKENS" "$UPDATE_FREQ" tokens  # the same tokens per update on any number of GPUs
+TRAIN_FLAGS+=(--max-tokens "$SIZE_PER_DEVICE" --update-freq "$UPDATE_FREQ_PER_DEVICE" "${PRECISION_FLAGS[@]}")
 
 tag() { echo "row$1"; }
 

@@ -10,6 +10,8 @@
 # NIST_DIR (or $NIST_DIR) holds plain-text files you extract from your LDC copies (README.md):
 # train.zh / train.en and, per evaluation set, mtXX.zh with its four references mtXX.en0 ... mtXX.en3.
 # --dry-run prints every command without running any. Steps whose output exists are skipped.
+# Device: the GPUs torch sees (all of them, the batch split over them), else the CPU; PRECISION=fp16,
+# bf16 or amp for mixed precision (examples/lib/device.sh).
 set -euo pipefail
 
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -38,7 +40,7 @@ VARIANTS="${VARIANTS:-4 6 7 9}"         # Table 2: Transformer, +Structural PE, 
 STEPS="${STEPS:-corpus segment prepare parse binarize structure train generate compare}"
 MAX_UPDATE="${MAX_UPDATE:-100000}"
 MAX_TOKENS="${MAX_TOKENS:-4096}"
-UPDATE_FREQ="${UPDATE_FREQ:-8}"
+UPDATE_FREQ="${UPDATE_FREQ:-8}"         # steps per update on ONE device: 4096 x 8 tokens = 8 GPUs x 4096
 LR="${LR:-7e-4}"
 DROPOUT="${DROPOUT:-0.1}"
 FUSION="${FUSION:-nonlinear}"
@@ -46,14 +48,13 @@ STRUCT_CLIP="${STRUCT_CLIP:-16}"
 SEQ_REL_CLIP="${SEQ_REL_CLIP:-16}"
 BEAM=4; LENPEN=0.6
 SEED="${SEED:-1}"
-EXTRA_TRAIN_FLAGS="${EXTRA_TRAIN_FLAGS:-}"
+EXTRA_TRAIN_FLAGS="${EXTRA_TRAIN_FLAGS:-}"   # more fairseq-train flags (precision: PRECISION=fp16|bf16|amp)
 # Joint BPE and one dictionary (what posattn-prepare-translation builds) but separate source embeddings:
 # Chinese and English share few subwords, so only the decoder's input and output embeddings are tied.
 TRAIN_FLAGS=(--arch "$ARCH" --share-decoder-input-output-embed --dropout "$DROPOUT"
              --optimizer adam --adam-betas "(0.9, 0.98)" --clip-norm 0.0 --weight-decay 0.0
              --lr "$LR" --lr-scheduler inverse_sqrt --warmup-updates 4000 --warmup-init-lr 1e-07
-             --criterion label_smoothed_cross_entropy --label-smoothing 0.1
-             --max-tokens "$MAX_TOKENS" --update-freq "$UPDATE_FREQ" --max-update "$MAX_UPDATE"
+             --criterion label_smoothed_cross_entropy --label-smoothing 0.1 --max-update "$MAX_UPDATE"
              --seed "$SEED" --no-epoch-checkpoints --save-interval-updates 5000 --keep-interval-updates 1
              --log-format simple --log-interval 100)
 # --------------------------------------------------------------------------------------------------
@@ -79,8 +80,9 @@ for set in $TESTS; do
     EVAL_SETS+=("$set"); k=$((k + 1))
 done
 SPLITS=(train); for set in "${EVAL_SETS[@]}"; do SPLITS+=("${SPLIT_OF[$set]}"); done
-DEVICE_FLAGS=()
-python -c "import torch, sys; sys.exit(not torch.cuda.is_available())" 2>/dev/null || DEVICE_FLAGS=(--cpu)
+source "$REPO_ROOT/examples/lib/device.sh"  # DEVICE_FLAGS, PRECISION_FLAGS, split_batch
+split_batch "$MAX_TOKENS" "$UPDATE_FREQ" tokens  # the same tokens per update on any number of GPUs
+TRAIN_FLAGS+=(--max-tokens "$SIZE_PER_DEVICE" --update-freq "$UPDATE_FREQ_PER_DEVICE" "${PRECISION_FLAGS[@]}")
 
 need() { (( DRY_RUN )) || [[ -f "$1" ]] || { echo "run.sh: missing $1 (see README.md for the layout)" >&2; exit 1; }; }
 # clean_pairs SRC TGT OUT_SRC OUT_TGT: keep pairs with both sides non-empty, at most CLEAN_MAX_LEN words

@@ -4,8 +4,11 @@
 # all, OOV and ambiguous words) in a fresh process, tag it back to CoNLL-U, and write a results table
 # and a learning-curve picture.  See README.md in this folder.
 #
-#   bash examples/pos_tagging/run.sh                                   # UD English-EWT from ../shared
+#   bash examples/pos_tagging/run.sh                                   # UD English-EWT from $EWT (default ../shared/data/ud_english_ewt)
 #   bash examples/pos_tagging/run.sh TRAIN.conllu[.gz] DEV.conllu [TEST.conllu]
+#
+# Device: the GPUs torch sees (all of them, the batch split over them), else the CPU; PRECISION=fp16,
+# bf16 or amp for mixed precision (examples/lib/device.sh).
 set -euo pipefail
 
 # ---------------------------------------------------------------- settings (override by env) ----
@@ -23,12 +26,14 @@ THREADS=${THREADS:-1}                   # OMP threads per training
 TAG_COLUMN=${TAG_COLUMN:-upos}
 # Budget, the same for every run (the paper: RMSprop, early stopping with 3 epochs' patience).
 MAX_UPDATE=${MAX_UPDATE:-500}
-MAX_TOKENS=${MAX_TOKENS:-2000}          # words per update
+MAX_TOKENS=${MAX_TOKENS:-2000}          # words per update, whatever the number of GPUs
 VALIDATE_EVERY=${VALIDATE_EVERY:-50}    # updates between dev evaluations (the learning curves)
 LR=${LR:-0.001}
 # -------------------------------------------------------------------------------------------------
 
 source "$REPO/examples/pos_tagging/variants.sh"
+source "$REPO/examples/lib/device.sh"   # DEVICE_FLAGS (--cpu without a GPU), PRECISION_FLAGS, split_batch
+split_batch "$MAX_TOKENS" 1 words
 for v in $VARIANTS; do
     [[ -n "${VARIANT_FLAGS[$v]:-}" ]] || { echo "run.sh: unknown variant '$v' (${!VARIANT_FLAGS[*]})" >&2; exit 2; }
 done
@@ -55,11 +60,12 @@ train_and_score() {
         # shellcheck disable=SC2086
         OMP_NUM_THREADS=$THREADS MKL_NUM_THREADS=$THREADS fairseq-train "$DATA" --user-dir "$USER_DIR" \
             --task pos_tagging --criterion pos_tagging --arch san_tagger ${VARIANT_FLAGS[$variant]} \
-            --optimizer rmsprop --lr "$LR" --max-tokens "$MAX_TOKENS" --max-update "$MAX_UPDATE" \
+            --optimizer rmsprop --lr "$LR" --max-tokens "$SIZE_PER_DEVICE" --update-freq "$UPDATE_FREQ_PER_DEVICE" \
+            --max-update "$MAX_UPDATE" "${PRECISION_FLAGS[@]}" \
             --validate-interval-updates "$VALIDATE_EVERY" --save-interval-updates "$VALIDATE_EVERY" \
             --keep-interval-updates 1 --no-epoch-checkpoints --save-dir "$run/checkpoints" \
             --best-checkpoint-metric accuracy --maximize-best-checkpoint-metric \
-            --seed "$seed" --num-workers 0 --log-format simple --log-interval 50 --cpu \
+            --seed "$seed" --num-workers 0 --log-format simple --log-interval 50 "${DEVICE_FLAGS[@]}" \
             > "$run/train.log" 2>&1 || { tail -n 20 "$run/train.log" >&2; return 1; }
         echo "wall_seconds $(( $(date +%s) - start ))" >> "$run/train.log"
     fi
@@ -67,9 +73,9 @@ train_and_score() {
     [[ -n "$TEST" ]] && subsets=valid,test
     OMP_NUM_THREADS=$THREADS fairseq-validate "$DATA" --user-dir "$USER_DIR" --task pos_tagging \
         --path "$run/checkpoints/checkpoint_last.pt" --valid-subset "$subsets" --max-tokens 4000 \
-        --num-workers 0 --cpu > "$run/validate.log" 2>&1 || { tail -n 20 "$run/validate.log" >&2; return 1; }
+        --num-workers 0 "${DEVICE_FLAGS[@]}" > "$run/validate.log" 2>&1 || { tail -n 20 "$run/validate.log" >&2; return 1; }
     OMP_NUM_THREADS=$THREADS posattn-tag "$DATA" --path "$run/checkpoints/checkpoint_last.pt" \
-        --input "$DEV" --output "$run/dev.pred.conllu" --cpu > "$run/tag.log" 2>&1
+        --input "$DEV" --output "$run/dev.pred.conllu" "${DEVICE_FLAGS[@]}" > "$run/tag.log" 2>&1
     echo "done ${VARIANT_NAME[$variant]} seed $seed"
 }
 

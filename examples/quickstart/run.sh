@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Quickstart: Multi30k en->de sample -> Moses + joint BPE -> spaCy parse of the English side ->
-# fairseq-preprocess + structural side data -> two small transformer_posattn models trained on CPU
-# (a sequential variant: direct positions + learnable temperature; a structural variant: Wang et
-# al.'s structural positions) -> beam search on test -> sacreBLEU with signatures.
+# fairseq-preprocess + structural side data -> two small transformer_posattn models (a sequential
+# variant: direct positions + learnable temperature; a structural variant: Wang et al.'s structural
+# positions) -> beam search on test -> sacreBLEU with signatures.
 #
 # Run from the repository root with the virtualenv's bin first on PATH (`make quickstart` does both):
 #     PATH="$PWD/.venv/bin:$PATH" bash examples/quickstart/run.sh
 # About 10 minutes on 2 idle CPU cores; everything goes to quickstart-output/ (rebuilt on every run).
-# On a busy machine, OMP_NUM_THREADS=1 is faster than fighting for both cores.
+# On a busy machine, OMP_NUM_THREADS=1 is faster than fighting for both cores. Where torch sees a GPU
+# the models train there (on every GPU it sees, the batch split over them); PRECISION=fp16, bf16 or amp
+# turns on mixed precision (examples/lib/device.sh).
 set -euo pipefail
 
 # ---- settings: change the models here -----------------------------------------------------------
@@ -31,8 +33,9 @@ TRAIN_FLAGS=(
     --optimizer adam --adam-betas "(0.9, 0.98)" --clip-norm 0.0
     --lr 1e-3 --lr-scheduler inverse_sqrt --warmup-updates 400 --warmup-init-lr 1e-7
     --criterion label_smoothed_cross_entropy --label-smoothing 0.1 --weight-decay 0.0001
-    --max-tokens 4096 --max-update "$MAX_UPDATE" --seed 1
+    --max-update "$MAX_UPDATE" --seed 1
 )
+MAX_TOKENS=4096   # tokens per update, whatever the number of GPUs
 SRC=en
 TGT=de
 BPE_MERGES=2000
@@ -43,6 +46,9 @@ OUT=quickstart-output
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 REPO_ROOT="$(pwd)"
 USER_DIR="$REPO_ROOT/fairseq_posattn"
+source examples/lib/device.sh  # DEVICE_FLAGS (--cpu without a GPU), PRECISION_FLAGS, split_batch
+split_batch "$MAX_TOKENS" 1 tokens
+TRAIN_FLAGS+=(--max-tokens "$SIZE_PER_DEVICE" --update-freq "$UPDATE_FREQ_PER_DEVICE" "${PRECISION_FLAGS[@]}")
 
 for tool in fairseq-preprocess fairseq-train fairseq-generate posattn-prepare-translation posattn-parse \
     posattn-prepare-structure posattn-score; do
@@ -84,12 +90,12 @@ declare -A BLEU
 for name in sequential structural; do
     read -r -a position_flags <<< "${VARIANTS[$name]}"
     checkpoints="$OUT/checkpoints-$name"
-    stamp "4/6 fairseq-train $name: $MAX_UPDATE updates on CPU (${VARIANTS[$name]}; log: $OUT/train-$name.log)"
+    stamp "4/6 fairseq-train $name: $MAX_UPDATE updates (${VARIANTS[$name]}; log: $OUT/train-$name.log)"
     fairseq-train "$DATA_BIN" --user-dir "$USER_DIR" --task translation_structural \
         --source-lang "$SRC" --target-lang "$TGT" \
         "${SIZE_FLAGS[@]}" "${position_flags[@]}" "${TRAIN_FLAGS[@]}" \
         --save-dir "$checkpoints" --no-epoch-checkpoints \
-        --log-format simple --log-interval 100 --cpu > "$OUT/train-$name.log" 2>&1 \
+        --log-format simple --log-interval 100 "${DEVICE_FLAGS[@]}" > "$OUT/train-$name.log" 2>&1 \
         || { tail -n 40 "$OUT/train-$name.log" >&2; exit 1; }
     grep -E "\| valid \|" "$OUT/train-$name.log" | tail -n 1
 
@@ -98,7 +104,7 @@ for name in sequential structural; do
     fairseq-generate "$DATA_BIN" --user-dir "$USER_DIR" --task translation_structural \
         --source-lang "$SRC" --target-lang "$TGT" \
         --path "$checkpoints/checkpoint_best.pt" --gen-subset test \
-        --beam 5 --remove-bpe --required-batch-size-multiple 1 --batch-size 64 --cpu \
+        --beam 5 --remove-bpe --required-batch-size-multiple 1 --batch-size 64 "${DEVICE_FLAGS[@]}" \
         > "$OUT/generate-$name.txt" 2> "$OUT/generate-$name.log" \
         || { tail -n 40 "$OUT/generate-$name.log" >&2; exit 1; }
 

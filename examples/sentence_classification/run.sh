@@ -7,6 +7,9 @@
 #
 #   bash examples/sentence_classification/run.sh              # ../shared/data/sst2
 #   bash examples/sentence_classification/run.sh DIR          # DIR/stsa.binary.{train,dev}, e.g. data/sst2_sample
+#
+# Device: the GPUs torch sees (all of them, the batch split over them), else the CPU; PRECISION=fp16,
+# bf16 or amp for mixed precision (examples/lib/device.sh).
 set -euo pipefail
 
 # ---------------------------------------------------------------- settings (override by env) ----
@@ -25,7 +28,7 @@ MAX_POSITIONS=${MAX_POSITIONS:-128}       # t (SST-2's longest dev/train sentenc
 SHAW_CLIP=${SHAW_CLIP:-16}                # k of Transformer-RPR
 # Budget, the same for every run: Adam, lr 1e-3 (Wu et al.), batches of 32 sentences.
 MAX_UPDATE=${MAX_UPDATE:-434}             # 2 epochs of SST-2's 6,920 training sentences (217 batches each)
-BATCH_SIZE=${BATCH_SIZE:-32}
+BATCH_SIZE=${BATCH_SIZE:-32}             # sentences per update, whatever the number of GPUs
 VALIDATE_EVERY=${VALIDATE_EVERY:-50}      # updates between dev evaluations (the learning curves)
 LR=${LR:-1e-3}
 # -------------------------------------------------------------------------------------------------
@@ -45,12 +48,15 @@ for split in train dev; do
     [[ -f "$SST2/stsa.binary.$split" ]] || { echo "run.sh: $SST2/stsa.binary.$split not found" >&2; exit 2; }
 done
 
+source "$REPO/examples/lib/device.sh"      # DEVICE_FLAGS (--cpu without a GPU), PRECISION_FLAGS, split_batch
+split_batch "$BATCH_SIZE" 1 sentences
+
 DATA=$OUT/data-bin
 mkdir -p "$OUT/logs"
 
 # 1. label / sentence files, then fairseq's binarized input0/ and label/ folders
 if [[ ! -f "$DATA/label/dict.txt" ]]; then
-    python -m fairseq_posattn.data.sentence_classification --train "$SST2/stsa.binary.train" \
+    posattn-prepare-classification --train "$SST2/stsa.binary.train" \
         --valid "$SST2/stsa.binary.dev" --labels 0 1 --destdir "$OUT/text" > "$OUT/logs/split.log" 2>&1 \
         || { tail -n 3 "$OUT/logs/split.log" >&2; exit 1; }
     fairseq-preprocess --only-source --trainpref "$OUT/text/train.input0" --validpref "$OUT/text/valid.input0" \
@@ -62,7 +68,7 @@ fi
 # 2. train, then re-score the best checkpoint in a fresh process
 #    (--required-batch-size-multiple 1: fairseq would otherwise drop the last dev batch)
 TASK_FLAGS=(--user-dir "$USER_DIR" --task sentence_prediction --num-classes 2 --max-positions "$MAX_POSITIONS"
-            --criterion sentence_prediction --required-batch-size-multiple 1 --num-workers 0 --cpu)
+            --criterion sentence_prediction --required-batch-size-multiple 1 --num-workers 0 "${DEVICE_FLAGS[@]}")
 train_and_score() {
     local variant=$1 seed=$2 run="$OUT/runs/$1/seed$2"
     mkdir -p "$run"
@@ -70,7 +76,8 @@ train_and_score() {
         # shellcheck disable=SC2086
         OMP_NUM_THREADS=$THREADS MKL_NUM_THREADS=$THREADS fairseq-train "$DATA" "${TASK_FLAGS[@]}" \
             --arch "$ARCH" ${VARIANT_FLAGS[$variant]} $MODEL_FLAGS \
-            --optimizer adam --lr "$LR" --batch-size "$BATCH_SIZE" --max-update "$MAX_UPDATE" \
+            --optimizer adam --lr "$LR" --batch-size "$SIZE_PER_DEVICE" --update-freq "$UPDATE_FREQ_PER_DEVICE" \
+            --max-update "$MAX_UPDATE" "${PRECISION_FLAGS[@]}" \
             --validate-interval-updates "$VALIDATE_EVERY" --save-interval-updates "$VALIDATE_EVERY" \
             --keep-interval-updates 1 --no-epoch-checkpoints --no-last-checkpoints --no-save-optimizer-state \
             --best-checkpoint-metric accuracy --maximize-best-checkpoint-metric --save-dir "$run/checkpoints" \

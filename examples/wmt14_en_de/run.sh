@@ -10,6 +10,8 @@
 # WMT14_DIR (or $WMT14_DIR) holds the raw files in statmt.org's layout (see README.md); with internet,
 # STEPS="download" fetches them there first. --dry-run prints every command without running any.
 # Settings can be overridden from the environment. Steps whose output exists are skipped.
+# Device: the GPUs torch sees (all of them, the batch split over them), else the CPU; PRECISION=fp16,
+# bf16 or amp for mixed precision (examples/lib/device.sh).
 set -euo pipefail
 
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -39,7 +41,7 @@ VARIANTS="${VARIANTS:-4 6 7 9}"         # Table 2: Transformer, +Structural PE, 
 STEPS="${STEPS:-corpus prepare parse binarize structure train generate compare}"
 MAX_UPDATE="${MAX_UPDATE:-100000}"
 MAX_TOKENS="${MAX_TOKENS:-4096}"
-UPDATE_FREQ="${UPDATE_FREQ:-8}"         # 4096 x 8 tokens per update on one GPU ~ 8 GPUs x 4096
+UPDATE_FREQ="${UPDATE_FREQ:-8}"         # steps per update on ONE device: 4096 x 8 tokens = 8 GPUs x 4096
 LR="${LR:-7e-4}"
 DROPOUT="${DROPOUT:-0.1}"               # 0.3 for the Big model
 FUSION="${FUSION:-nonlinear}"
@@ -47,12 +49,11 @@ STRUCT_CLIP="${STRUCT_CLIP:-16}"
 SEQ_REL_CLIP="${SEQ_REL_CLIP:-16}"
 BEAM=4; LENPEN=0.6                      # Vaswani et al.'s newstest2014 decoding
 SEED="${SEED:-1}"
-EXTRA_TRAIN_FLAGS="${EXTRA_TRAIN_FLAGS:-}"   # e.g. "--fp16"
+EXTRA_TRAIN_FLAGS="${EXTRA_TRAIN_FLAGS:-}"   # more fairseq-train flags (precision: PRECISION=fp16|bf16|amp)
 TRAIN_FLAGS=(--arch "$ARCH" --share-all-embeddings --dropout "$DROPOUT"
              --optimizer adam --adam-betas "(0.9, 0.98)" --clip-norm 0.0 --weight-decay 0.0
              --lr "$LR" --lr-scheduler inverse_sqrt --warmup-updates 4000 --warmup-init-lr 1e-07
-             --criterion label_smoothed_cross_entropy --label-smoothing 0.1
-             --max-tokens "$MAX_TOKENS" --update-freq "$UPDATE_FREQ" --max-update "$MAX_UPDATE"
+             --criterion label_smoothed_cross_entropy --label-smoothing 0.1 --max-update "$MAX_UPDATE"
              --seed "$SEED" --no-epoch-checkpoints --save-interval-updates 5000 --keep-interval-updates 1
              --log-format simple --log-interval 100)
 # --------------------------------------------------------------------------------------------------
@@ -70,8 +71,9 @@ USER_DIR="$REPO_ROOT/fairseq_posattn"
 RAW="$OUT/raw"; PREPARED="$OUT/prepared"; DATA_BIN="$OUT/data-bin"; LOGS="$OUT/logs"
 SRC=en; TGT=de
 SPLITS=(train valid test)
-DEVICE_FLAGS=()
-python -c "import torch, sys; sys.exit(not torch.cuda.is_available())" 2>/dev/null || DEVICE_FLAGS=(--cpu)
+source "$REPO_ROOT/examples/lib/device.sh"  # DEVICE_FLAGS, PRECISION_FLAGS, split_batch
+split_batch "$MAX_TOKENS" "$UPDATE_FREQ" tokens  # the same tokens per update on any number of GPUs
+TRAIN_FLAGS+=(--max-tokens "$SIZE_PER_DEVICE" --update-freq "$UPDATE_FREQ_PER_DEVICE" "${PRECISION_FLAGS[@]}")
 
 need() { (( DRY_RUN )) || [[ -f "$1" ]] || { echo "run.sh: missing $1 (see README.md for the layout)" >&2; exit 1; }; }
 # text_of FILE: the sentences of a plain-text or NIST/WMT .sgm file, one per line (as sacrebleu reads .sgm)

@@ -12,7 +12,8 @@ from typing import Dict, List, Optional
 
 from sacrebleu.metrics import BLEU
 
-from fairseq_posattn.data.text_pipeline import detokenize_lines, read_lines, write_lines
+from fairseq_posattn.atomic_io import read_lines, write_lines
+from fairseq_posattn.data.text_pipeline import detokenize_lines
 
 logger = logging.getLogger(__name__)
 

@@ -4,10 +4,11 @@ SST-2 as distributed with Kim (2014)'s ``stsa.binary.{train,dev,test}`` holds on
 the label, one space, the (tokenized, lower-cased) sentence. fairseq's ``--task sentence_prediction``
 reads two binarized folders, ``input0/`` (the sentences) and ``label/`` (one label per line), so each
 split becomes two parallel text files, ``{split}.input0`` and ``{split}.label``, for
-``fairseq-preprocess --only-source``::
+``fairseq-preprocess --only-source``. :func:`split_corpus` does it; ``posattn-prepare-classification``
+is its command line::
 
-    python -m fairseq_posattn.data.sentence_classification \\
-        --train stsa.binary.train --valid stsa.binary.dev --labels 0 1 --destdir sst2-text
+    posattn-prepare-classification --train stsa.binary.train --valid stsa.binary.dev --labels 0 1 \\
+        --destdir sst2-text
 
 Every split is read and checked before anything is written: an empty line, a line without a
 sentence after its label, a label outside ``--labels``, or a label of a later split that the
@@ -15,15 +16,12 @@ training split never uses (fairseq-preprocess would silently turn it into ``<unk
 naming ``file:line``.
 """
 
-import argparse
 import logging
 import os
-import sys
 from dataclasses import dataclass
 from typing import Dict, Iterator, List, Optional, Sequence
 
-from fairseq_posattn.cli import setup_logging
-from fairseq_posattn.data.text_pipeline import atomic_write, read_lines
+from fairseq_posattn.atomic_io import read_lines, write_lines
 
 logger = logging.getLogger(__name__)
 
@@ -81,31 +79,3 @@ def split_corpus(splits: Dict[str, str], destdir: str, labels: Optional[Sequence
         logger.info("%s: %d examples from %s", split, len(examples), splits[split])
     return {split: len(examples) for split, examples in read.items()}
 
-
-def write_lines(path: str, lines: Iterator[str]) -> None:
-    with atomic_write(path) as out:
-        for line in lines:
-            out.write(line + "\n")
-
-
-def main(argv: Optional[List[str]] = None) -> None:
-    parser = argparse.ArgumentParser(
-        prog="python -m fairseq_posattn.data.sentence_classification", description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter)
-    for split in SPLITS:
-        parser.add_argument(f"--{split}", required=split == "train", metavar="FILE",
-                            help=f"{split} split, one 'label sentence' per line")
-    parser.add_argument("--labels", nargs="+", metavar="LABEL",
-                        help="the allowed labels, e.g. 0 1 (default: any first field)")
-    parser.add_argument("--destdir", required=True, help="where {split}.input0 and {split}.label go")
-    args = parser.parse_args(argv)
-    setup_logging()
-    splits = {split: getattr(args, split) for split in SPLITS if getattr(args, split)}
-    try:
-        split_corpus(splits, args.destdir, args.labels)
-    except (ValueError, OSError) as e:
-        sys.exit(f"sentence_classification: error: {e}")
-
-
-if __name__ == "__main__":
-    main()

@@ -22,8 +22,9 @@ from sacrebleu.metrics import BLEU
 from sacrebleu.significance import PairedTest
 from sacremoses import MosesTokenizer
 
+from fairseq_posattn.atomic_io import read_lines
 from fairseq_posattn.data.generate_output import hypotheses_in_order, parse_hypotheses
-from fairseq_posattn.data.text_pipeline import detokenize_lines, read_lines
+from fairseq_posattn.data.text_pipeline import detokenize_lines
 
 #: ``a-b`` -> ``a ##AT##-##AT## b``, non-overlapping left to right exactly like the Perl original
 #: ``s{(\S)-(\S)}{$1 ##AT##-##AT## $2}g`` (so ``a-b-c`` becomes ``a ##AT##-##AT## b-c``).

@@ -19,7 +19,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Set
 
-from fairseq_posattn.data.text_pipeline import atomic_write
+from fairseq_posattn.atomic_io import atomic_write
 from fairseq_posattn.structure.conllu_io import is_word_line, iter_blocks, open_text, split_columns
 
 TAG_COLUMNS = {"upos": 3, "xpos": 4}

@@ -3,13 +3,11 @@
 The word vocabulary keeps the most frequent ``vocab_fraction`` of the unique training word forms
 (Dufter et al. 2020, Table 1b, UD: 50%); characters and tags come from the training file. Every
 file is written to a temporary directory first and moved into ``destdir`` only once all splits are
-complete, so an interrupted run never leaves a half-written data directory behind.
+complete (:func:`fairseq_posattn.atomic_io.atomic_directory_update`), so an interrupted run never
+leaves a half-written data directory behind.
 """
 
 import logging
-import os
-import shutil
-import tempfile
 from dataclasses import dataclass
 from typing import Dict, Iterable, Iterator, List, Sequence, Tuple
 
@@ -17,6 +15,7 @@ import torch
 from fairseq.data import Dictionary, indexed_dataset
 from tqdm import tqdm
 
+from fairseq_posattn.atomic_io import atomic_directory_update
 from fairseq_posattn.data.tagged_corpus import (
     AMBIGUOUS_FLAG,
     OOV_FLAG,
@@ -72,10 +71,7 @@ def prepare_tagging_data(splits: Dict[str, Sequence[str]], destdir: str, tag_col
     lexicon = TrainingLexicon.from_sentences(sentence for _, sentence in train)
     vocabulary = build_vocabulary(lexicon, vocab_fraction)
     settings = TaggingSettings(tag_column, max_length, max_chars, vocab_fraction)
-    parent = os.path.dirname(os.path.abspath(destdir))
-    os.makedirs(parent, exist_ok=True)
-    staging = tempfile.mkdtemp(dir=parent, prefix=f".{os.path.basename(destdir)}.", suffix=".tmp")
-    try:
+    with atomic_directory_update(destdir) as staging:
         vocabulary.save(staging)
         settings.save(staging)
         summaries = [
@@ -84,9 +80,6 @@ def prepare_tagging_data(splits: Dict[str, Sequence[str]], destdir: str, tag_col
                             staging, vocabulary, lexicon, settings, long_sentences)
             for name, paths in splits.items()
         ]
-        _move_into(staging, destdir)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
     logger.info("vocabulary: %d words (%.0f%% of %d unique training forms), %d characters, %d tags",
                 len(vocabulary.words) - vocabulary.words.nspecial, 100 * vocab_fraction,
                 len(lexicon.counts), len(vocabulary.chars) - vocabulary.chars.nspecial,
@@ -159,9 +152,3 @@ def _log_summary(summary: SplitSummary, max_length: int) -> None:
         summary.split, summary.path, summary.sentences, summary.pieces, max_length, summary.words,
         summary.oov, summary.ambiguous,
         f"; {summary.unknown_tags} tags not seen in training (always counted wrong)" if summary.unknown_tags else "")
-
-
-def _move_into(staging: str, destdir: str) -> None:
-    os.makedirs(destdir, exist_ok=True)
-    for name in sorted(os.listdir(staging)):
-        os.replace(os.path.join(staging, name), os.path.join(destdir, name))

@@ -4,77 +4,26 @@ Raw ``{split}.{lang}`` files go through :func:`prepare_translation_corpus` to
 ``{split}.tok.{lang}`` (sacremoses), a joint ``bpe.codes`` learned on the tokenized training data of
 both languages (subword-nmt) and ``{split}.bpe.{lang}``, ready for ``fairseq-preprocess``.
 
-Every output file is written atomically (temporary file in the same directory, then ``os.replace``):
-an interrupted run never leaves a half-written file behind under the final name.
+Every output file is written atomically (:mod:`fairseq_posattn.atomic_io`): an interrupted run never
+leaves a half-written file behind under the final name.
 """
 
-import contextlib
-import io
-import itertools
 import logging
 import os
-import tempfile
-from typing import IO, Iterable, Iterator, List, Optional, Sequence, Tuple
+from typing import Iterable, Iterator, List, Optional, Sequence, Tuple
 
 from sacremoses import MosesDetokenizer, MosesTokenizer
 from subword_nmt.apply_bpe import BPE
 from subword_nmt.learn_bpe import learn_bpe as _subword_nmt_learn_bpe
 from tqdm import tqdm
 
+from fairseq_posattn.atomic_io import atomic_write, count_lines, read_lines, write_lines
+
 logger = logging.getLogger(__name__)
 
 #: subword-nmt's continuation marker; ``fairseq-generate --remove-bpe`` removes ``"@@ "``.
 BPE_SEPARATOR = "@@"
 DEFAULT_SPLITS: Tuple[str, ...] = ("train", "valid", "test")
-
-
-def _current_umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-@contextlib.contextmanager
-def atomic_write(path: str) -> Iterator[IO[str]]:
-    """Open a UTF-8 text file that only appears under ``path`` once the block exits normally.
-
-    Writes to a temporary file in the same directory (so ``os.replace`` is atomic) and removes it
-    if the block raises.
-    """
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp_path = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
-    try:
-        with io.open(fd, "w", encoding="utf-8", newline="\n") as out:
-            yield out
-        os.chmod(tmp_path, 0o666 & ~_current_umask())  # mkstemp creates 0600 files
-        os.replace(tmp_path, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(tmp_path)
-        raise
-
-
-def read_lines(path: str, max_lines: Optional[int] = None) -> Iterator[str]:
-    """Yield the lines of a UTF-8 file without their line ending, at most ``max_lines`` of them."""
-    with open(path, encoding="utf-8") as f:
-        for line in itertools.islice(f, max_lines):
-            yield line.rstrip("\r\n")
-
-
-def count_lines(path: str) -> int:
-    """Number of lines in a UTF-8 text file (a last line without newline counts)."""
-    return sum(1 for _ in read_lines(path))
-
-
-def write_lines(path: str, lines: Iterable[str]) -> int:
-    """Atomically write ``lines`` (one per line) to ``path``; return how many were written."""
-    n = 0
-    with atomic_write(path) as out:
-        for line in lines:
-            out.write(line + "\n")
-            n += 1
-    return n
 
 
 def moses_tokenize_file(src_path: str, out_path: str, lang: str, escape: bool = False,

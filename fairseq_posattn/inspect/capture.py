@@ -30,7 +30,7 @@ from fairseq.sequence_generator import SequenceGenerator
 from torch import Tensor, nn
 
 from fairseq_posattn.models.attentive_lstm_lm import PositionalAttention
-from fairseq_posattn.models.position_options import STRUCTURAL_OPTION_DEFAULTS
+from fairseq_posattn.models.position_options import side_defaults
 from fairseq_posattn.modules.attention import PositionAwareMultiheadAttention
 from fairseq_posattn.modules.position_context import PositionContext, structural_relative
 from fairseq_posattn.modules.position_terms.convolution import ConvolvedAttention1d, ConvolvedAttention2d
@@ -443,7 +443,7 @@ def structure_trace(model: nn.Module, net_input: Dict[str, Tensor], tokens: List
         return None
     depth, tin, tout = side[0].long()
     options = getattr(model.encoder, "position_options", None)
-    clip = getattr(options, "structural_clip", STRUCTURAL_OPTION_DEFAULTS["structural_clip"])
+    clip = getattr(options, "structural_clip", side_defaults("encoder")["structural_clip"])
     structural = structural_relative(depth[None], tin[None], tout[None], clip)[0]
     index = torch.arange(len(depth))
     return StructureTrace(tokens, depth, index[:, None] - index[None, :], structural, clip)

@@ -1,6 +1,6 @@
 """``attentive_lstm_lm`` (Salton et al. 2017) and ``positional_attentive_lstm_lm`` (Dagan 2019).
 
-Both are LSTM language models that attend over their own past states (SPEC.md section 7).
+Both are LSTM language models that attend over their own past states (docs/methods.md).
 Notation: tokens x_1..x_T (fairseq's ``prev_output_tokens``; output t predicts target t), LSTM
 states h_1..h_T of the top layer, H their size, N the position normalizer.
 
@@ -23,7 +23,7 @@ Dagan (``positional_attentive_lstm_lm``), eq. 5-13, with the clamp that eq. 8's 
     sigma_t    = sigmoid(w_sigma . h~_t + b_sigma)
     gamma_it   = exp(-(i/N - mu_t)^2 / (2 sigma_t^2 + eps)),  normalised over i < t
 
-Choices (SPEC.md section 7 leaves them open; the authors' code, gautierdag/pytorch-attentive-lm,
+Choices (the papers leave them open; the authors' code, gautierdag/pytorch-attentive-lm,
 decides where it is unambiguous):
 
 * N (``--positional-attention-normalizer``): ``block`` (default) is the fixed block length
@@ -161,7 +161,7 @@ class SaltonAttention(nn.Module):
 
 
 class PositionalAttention(nn.Module):
-    """Positional attention over the memory (Dagan 2019, eq. 5-13; SPEC.md section 7).
+    """Positional attention over the memory (Dagan 2019, eq. 5-13).
 
     A position-generator LSTM over the states gives h~_t; ``mu_t = clamp(ReLU(W_mu h~_t) . b_t, 0,
     t/N)`` with ``b_t = [mu_{t-1}, 1/N, t/N]``; ``sigma_t = sigmoid(w_sigma . h~_t)``; the weight of

@@ -18,6 +18,7 @@ from torch import Tensor, nn
 
 from fairseq_posattn.models.position_options import PositionOptionError, SidePositionOptions
 from fairseq_posattn.modules.position_context import PositionContext
+from fairseq_posattn.modules.position_terms.structural import embeds_tree_depth, relates_tree_positions
 from fairseq_posattn.modules.structural_embedding import StructuralPositionalEmbedding
 from fairseq_posattn.modules.transformer_layer import (
     PositionAwareDecoderLayer,
@@ -46,7 +47,7 @@ class PositionAwareTransformerEncoder(TransformerEncoderBase):
         self._layers_built = 0
         super().__init__(cfg, dictionary, embed_tokens, return_fc=return_fc)
         self.structural_embedding: Optional[StructuralPositionalEmbedding] = None
-        if position_options.structural_absolute:
+        if embeds_tree_depth(position_options):
             if position_options.structural_fusion == "nonlinear" and self.embed_positions is None:
                 raise PositionOptionError(
                     "--encoder-structural-fusion nonlinear fuses the structural with the sequential "
@@ -73,10 +74,11 @@ class PositionAwareTransformerEncoder(TransformerEncoderBase):
         if not self.position_options.needs_context():
             return self.forward_scriptable(src_tokens, src_lengths, return_all_hiddens, token_embeddings)
         options = self.position_options
+        options.check_length(src_tokens.size(1))
         ctx = PositionContext.from_tokens(
             src_tokens, self.padding_idx, right_padded=False,
             structural=self._structural_side_data(src_tokens, src_structure),
-            structural_clip=options.structural_clip if options.structural_relative else None)
+            structural_clip=options.structural_clip if relates_tree_positions(options) else None)
         x, embedding = self.embed_with_structure(src_tokens, token_embeddings, ctx.depth)
         x = x.masked_fill(ctx.padding_mask.unsqueeze(-1), 0.0).transpose(0, 1)
         states: List[Tensor] = [x] if return_all_hiddens else []
@@ -168,6 +170,7 @@ class PositionAwareTransformerDecoder(TransformerDecoderBase):
                 full_context_alignment, alignment_layer, alignment_heads)
         if full_context_alignment:
             raise ValueError("--decoder-* position terms are causal; full-context alignment is not supported")
+        self.position_options.check_length(prev_output_tokens.size(1))
         ctx = PositionContext.from_tokens(prev_output_tokens, self.padding_idx, self.right_padded)
         source, source_padding = None, None
         if encoder_out is not None and len(encoder_out["encoder_out"]) > 0:

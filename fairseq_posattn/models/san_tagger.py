@@ -3,7 +3,7 @@
 Word embeddings, optional learned position embeddings added (SAN+PE[add]) or concatenated
 (SAN+PE[con]), then a character-CNN word vector concatenated; a stack of self-attention layers
 (fairseq's encoder layer: attention and feed-forward block, each with its residual connection),
-taking every ``--encoder-*`` position option of SPEC.md section 9; a residual connection from the
+taking every ``--encoder-*`` position option (docs/methods.md); a residual connection from the
 input of the first layer to the output of the last (Table 1a), and a softmax over the tags.
 
 The layer width is the concatenation's width: ``word + char filters`` (add) or
@@ -108,6 +108,7 @@ class SanTaggerEncoder(FairseqEncoder):
 
     def __init__(self, args: argparse.Namespace, words: Any, chars: Any, position_options: SidePositionOptions):
         super().__init__(words)
+        self.position_options = position_options
         self.padding_idx = words.pad()
         self.max_source_positions = args.max_source_positions
         self.position_embedding = args.position_embedding
@@ -151,6 +152,7 @@ class SanTaggerEncoder(FairseqEncoder):
         if src_chars is None or src_chars.shape[:2] != src_tokens.shape:
             raise ValueError("san_tagger needs the characters of every word (net_input['src_chars'], "
                              "(batch, words, max_chars)): train and predict with --task pos_tagging")
+        self.position_options.check_length(src_tokens.size(1))
         ctx = PositionContext.from_tokens(src_tokens, self.padding_idx)
         x0 = self.embed(src_tokens, src_chars, ctx)
         x = self.dropout_module(x0).transpose(0, 1)

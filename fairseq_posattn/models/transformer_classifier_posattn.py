@@ -8,7 +8,7 @@ reads ``(logits, extra)``.
 The encoder is :class:`~fairseq_posattn.models.position_aware_transformer.PositionAwareTransformerEncoder`
 (fairseq's transformer encoder: token embeddings scaled by sqrt(d), sinusoidal position embeddings
 unless ``--encoder-learned-pos`` or ``--no-token-positional-embeddings``) with every ``--encoder-*``
-position option of SPEC.md section 9; t is the task's ``--max-positions``. With every position
+position option (docs/methods.md); t is the task's ``--max-positions``. With every position
 option at its default the encoder is fairseq's.
 
 The head pools the encoder output over each sentence and applies a RoBERTa-style classifier

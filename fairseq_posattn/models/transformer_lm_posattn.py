@@ -1,5 +1,5 @@
 """``transformer_lm_posattn``: fairseq's transformer language model with position-aware causal
-self-attention (every ``--decoder-*`` option of SPEC.md section 9).
+self-attention (every ``--decoder-*`` option of docs/methods.md).
 
 The base architecture takes its defaults from the dataclass, as fairseq's ``transformer_lm`` does;
 size presets mirror fairseq's ``transformer_lm``, ``transformer_lm_big``,
@@ -60,12 +60,11 @@ def check_block_fits(options: Any, task: Any) -> None:
     """``--tokens-per-sample`` longer than t would only fail at the first long batch: fail now."""
     task_cfg = getattr(task, "args", None) or getattr(task, "cfg", None)
     tokens_per_sample = getattr(task_cfg, "tokens_per_sample", None)
-    needs_t = options.direct_position != "none" or options.conv_attention == "1d"
-    if needs_t and tokens_per_sample is not None and tokens_per_sample > options.max_positions:
+    if options.needs_max_positions() and tokens_per_sample is not None and tokens_per_sample > options.max_positions:
         raise PositionOptionError(
             f"--tokens-per-sample {tokens_per_sample} is longer than the {options.max_positions} "
-            f"positions of --decoder-direct-position / --decoder-conv-attention 1d; raise "
-            f"--max-target-positions to at least {tokens_per_sample} or lower --tokens-per-sample")
+            f"positions of the decoder's position terms; raise --max-target-positions to at least "
+            f"{tokens_per_sample} or lower --tokens-per-sample")
 
 
 @register_model_architecture("transformer_lm_posattn", "transformer_lm_posattn_big")

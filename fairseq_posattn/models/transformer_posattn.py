@@ -44,7 +44,7 @@ def decoder_position_options(cfg: Any) -> SidePositionOptions:
 
 @register_model("transformer_posattn")
 class PositionAwareTransformerModel(TransformerModel):
-    """Transformer whose encoder and decoder self-attention take the position options of SPEC.md."""
+    """Transformer whose encoder and decoder self-attention take the position options of docs/methods.md."""
 
     @classmethod
     def add_args(cls, parser):

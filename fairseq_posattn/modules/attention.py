@@ -1,17 +1,18 @@
 """The attention kernel: fairseq's multi-head self-attention with pluggable position terms.
 
-Order of operations for one head (SPEC.md sections 1-5):
+Order of operations for one head (docs/methods.md, Order of operations in one head):
 
 1. ``q, k, v`` projections (weights scaled per head by the learnable temperature, if on);
-   ``q`` scaled by 1/sqrt(d_h);
+   ``q`` scaled by 1/sqrt(d_h); query/key transforms (rotary) of the current tokens;
 2. content logits ``q k^T`` plus the key/value augmentations' key term (Shaw, structural);
 3. logit scaling (distance-aware: ``ReLU(.) * Rhat``);
-4. additive biases (direct absolute / relative);
+4. additive biases (direct absolute / relative, T5's buckets, ALiBi);
 5. masks: ``attn_mask`` (causal) and key padding, as -inf *after* the steps above;
 6. softmax; post-softmax transform (convolution), which re-masks;
 7. dropout; ``probs v`` plus the augmentations' value term; output projection.
 
-When only additive biases and temperature are on and no weights are asked for, steps 2-7 run in
+When only query/key transforms, additive biases and temperature are on and no weights are asked
+for, steps 2-7 run in
 ``F.scaled_dot_product_attention`` with the biases and masks folded into one float mask.
 
 The module subclasses fairseq's :class:`~fairseq.modules.MultiheadAttention`, so its projection
@@ -43,6 +44,7 @@ from fairseq_posattn.modules.position_terms.base import (
     KeyValueAugmentation,
     LogitScaling,
     PostSoftmaxTransform,
+    QueryKeyTransform,
     at_least_fp32,
 )
 from fairseq_posattn.modules.position_terms.temperature import LearnableTemperature
@@ -52,15 +54,32 @@ from fairseq_posattn.modules.position_terms.temperature import LearnableTemperat
 class PositionTerms:
     """The position terms of one attention module, grouped by kind."""
 
+    query_key: List[QueryKeyTransform] = field(default_factory=list)
     additive: List[AdditiveLogitBias] = field(default_factory=list)
     scaling: Optional[LogitScaling] = None
     key_value: List[KeyValueAugmentation] = field(default_factory=list)
     post_softmax: Optional[PostSoftmaxTransform] = None
     temperature: Optional[LearnableTemperature] = None
 
+    def add(self, term: nn.Module) -> None:
+        """File ``term`` under its kind (at most one scaling, post-softmax and temperature term)."""
+        for kind, listed in ((QueryKeyTransform, self.query_key), (AdditiveLogitBias, self.additive),
+                             (KeyValueAugmentation, self.key_value)):
+            if isinstance(term, kind):
+                listed.append(term)
+                return
+        for kind, name in ((LogitScaling, "scaling"), (PostSoftmaxTransform, "post_softmax"),
+                           (LearnableTemperature, "temperature")):
+            if isinstance(term, kind):
+                if getattr(self, name) is not None:
+                    raise ValueError(f"two {name} terms in one layer: {getattr(self, name)} and {term}")
+                setattr(self, name, term)
+                return
+        raise TypeError(f"{type(term).__name__} is of no kind of position term (see position_terms.base)")
+
     def is_empty(self) -> bool:
         return not (
-            self.additive or self.key_value or self.scaling is not None
+            self.query_key or self.additive or self.key_value or self.scaling is not None
             or self.post_softmax is not None or self.temperature is not None
         )
 
@@ -81,6 +100,7 @@ class PositionAwareMultiheadAttention(MultiheadAttention):
             embed_dim, num_heads, dropout=dropout, self_attention=True,
             q_noise=q_noise, qn_block_size=qn_block_size,
         )
+        self.query_key_terms = nn.ModuleList(terms.query_key)
         self.additive_terms = nn.ModuleList(terms.additive)
         self.scaling_term = terms.scaling
         self.key_value_terms = nn.ModuleList(terms.key_value)
@@ -133,6 +153,8 @@ class PositionAwareMultiheadAttention(MultiheadAttention):
         need_weights = need_weights or need_head_weights
         tgt_len, bsz, _ = query.shape
         q, k, v = self._project(query)
+        for term in self.query_key_terms:  # the current tokens', before the cache
+            q, k = term(q, k, ctx)
 
         saved_state = self._get_input_buffer(incremental_state) if incremental_state is not None else None
         history: Optional[Tensor] = None

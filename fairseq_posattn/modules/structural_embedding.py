@@ -1,4 +1,4 @@
-"""Absolute structural position embedding (Wang et al. 2019, eq. 5 and 7; SPEC.md section 6).
+"""Absolute structural position embedding (Wang et al. 2019, eq. 5 and 7; see docs/methods.md).
 
 The tree depth of each token's word goes through the *same* sinusoidal function as fairseq's
 sequential positions (fairseq offsets positions by ``padding_idx + 1``; depth d uses the row that
@@ -33,8 +33,7 @@ class StructuralPositionalEmbedding(nn.Module):
     def forward(self, depth: Tensor, padding_mask: Tensor, sequential: Optional[Tensor]) -> Tensor:
         """``depth``, ``padding_mask``: ``(batch, length)``; ``sequential``: ``(batch, length, dim)``."""
         # a word's depth is below the sentence's token count: checking the length needs no sync
-        check_length(depth.size(1), self.max_depth, "the structural position embedding (tree depth)",
-                     "--max-source-positions")
+        check_length(depth.size(1), self.max_depth, "the structural position embedding (tree depth)")
         index = (depth + self.padding_idx + 1).masked_fill(padding_mask, self.padding_idx)
         structural = F.embedding(index, self.table.to(sequential.dtype if sequential is not None else self.table.dtype))
         if sequential is None:

@@ -1,4 +1,4 @@
-"""Structural positions for BPE pieces (SPEC.md section 6, "Subwords" and "EOS"; Wang et al. 2019).
+"""Structural positions for BPE pieces (Wang et al. 2019, 3.1; docs/methods.md, Structural positions).
 
 The parse is over words (e.g. Moses tokens); the model sees subword-nmt BPE pieces, where every piece
 but the last of a word ends with the separator (``"@@"``), and fairseq-preprocess appends an EOS.

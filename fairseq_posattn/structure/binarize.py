@@ -4,11 +4,10 @@ For sentence k: the parse (words, heads) from CoNLL-U and line k of the BPE text
 fairseq-preprocess binarized; the pieces are aligned to the words, and ``(3, pieces + 1)`` int32
 values (depth, tin, tout; :mod:`fairseq_posattn.structure.side_data`) are stored as one item of a
 fairseq mmap indexed dataset. The counts are checked against the binarized source; the output is
-written under temporary names and renamed only when complete.
+written under temporary names and renamed only when complete (:mod:`fairseq_posattn.atomic_io`).
 """
 
 import logging
-import os
 from typing import Iterable, Optional, Sequence, Tuple
 
 import numpy as np
@@ -16,6 +15,7 @@ import torch
 from fairseq.data.indexed_dataset import MMapIndexedDatasetBuilder, data_file_path, index_file_path
 from tqdm import tqdm
 
+from fairseq_posattn.atomic_io import atomic_paths
 from fairseq_posattn.structure.alignment import align_pieces
 from fairseq_posattn.structure.side_data import token_side_data
 
@@ -37,30 +37,23 @@ def write_side_data(
     ``expected_sizes`` are the binarized source lengths (EOS included), checked sentence by sentence.
     Raises ValueError naming the file and line of the first mismatch.
     """
-    tmp_prefix = f"{out_prefix}.tmp{os.getpid()}"
-    builder = MMapIndexedDatasetBuilder(data_file_path(tmp_prefix), dtype=np.int32)
     count = 0
-    try:
-        with open(bpe_path, encoding="utf-8") as bpe:
-            for count, (line, parse) in enumerate(_paired(bpe, parses, bpe_path, conllu_path), start=1):
-                words, heads, conllu_line = parse
-                where = f"{bpe_path}:{count} / {conllu_path}:{conllu_line}"
-                try:
-                    side = token_side_data(heads, align_pieces(line, words, where=where))
-                except ValueError as error:
-                    raise ValueError(f"{where}: {error}") from None
-                _check_size(side.shape[1], expected_sizes, count, where)
-                builder.add_item(torch.from_numpy(side.ravel()))
+    final_paths = (data_file_path(out_prefix), index_file_path(out_prefix))
+    with atomic_paths(*final_paths) as (tmp_data, tmp_index), open(bpe_path, encoding="utf-8") as bpe:
+        builder = MMapIndexedDatasetBuilder(tmp_data, dtype=np.int32)
+        for count, (line, parse) in enumerate(_paired(bpe, parses, bpe_path, conllu_path), start=1):
+            words, heads, conllu_line = parse
+            where = f"{bpe_path}:{count} / {conllu_path}:{conllu_line}"
+            try:
+                side = token_side_data(heads, align_pieces(line, words, where=where))
+            except ValueError as error:
+                raise ValueError(f"{where}: {error}") from None
+            _check_size(side.shape[1], expected_sizes, count, where)
+            builder.add_item(torch.from_numpy(side.ravel()))
         if expected_sizes is not None and count != len(expected_sizes):
             raise ValueError(f"{bpe_path}: {count} sentences, but the binarized source has "
                              f"{len(expected_sizes)}: use the BPE file that fairseq-preprocess read")
-        builder.finalize(index_file_path(tmp_prefix))
-        for path in (data_file_path, index_file_path):
-            os.replace(path(tmp_prefix), path(out_prefix))
-    finally:
-        for path in (data_file_path(tmp_prefix), index_file_path(tmp_prefix)):
-            if os.path.exists(path):
-                os.remove(path)
+        builder.finalize(tmp_index)
     logger.info("wrote structural side data of %d sentences to %s.{bin,idx}", count, out_prefix)
     return count
 

@@ -1,6 +1,6 @@
 """Reading and writing dependency trees in CoNLL-U (https://universaldependencies.org/format.html).
 
-Only what structural positions need (SPEC.md section 6) is kept: per sentence the FORM of every
+Only what structural positions need (docs/methods.md) is kept: per sentence the FORM of every
 syntactic word, its HEAD and DEPREL, and the line where the sentence starts. As CoNLL-U defines,
 multiword-token lines (IDs like ``3-4``) only group surface tokens, so they are skipped and the
 syntactic words inside the range are used; empty nodes (IDs like ``5.1``) belong to the enhanced
@@ -13,7 +13,7 @@ import gzip
 import re
 from typing import IO, Iterable, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
-from fairseq_posattn.data.text_pipeline import atomic_write
+from fairseq_posattn.atomic_io import atomic_write
 from fairseq_posattn.structure.tree import TreeError, tree_structure
 
 N_COLUMNS = 10

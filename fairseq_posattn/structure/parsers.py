@@ -1,4 +1,4 @@
-"""Dependency parser backends on pre-tokenized sentences (input of SPEC.md section 6).
+"""Dependency parser backends on pre-tokenized sentences (the input of structural positions: docs/methods.md).
 
 Every backend has ``parse(sentences) -> [(words, heads, deprels)]``: ``sentences`` is a list of
 token lists (e.g. Moses tokens), and the returned words are exactly those tokens, so that BPE later
@@ -31,7 +31,7 @@ class SpacyParser:
     """spaCy on given tokens: ``Doc(nlp.vocab, words=tokens)`` run through the pipeline.
 
     Components that the parse does not need (``ner``, ``lemmatizer``) are not loaded. A pipeline
-    that splits a line into several sentences yields a forest (several roots), as SPEC.md 6 allows.
+    that splits a line into several sentences yields a forest (several roots), as structural positions allow.
     """
 
     def __init__(self, model: str = DEFAULT_SPACY_MODEL, batch_size: int = 256):

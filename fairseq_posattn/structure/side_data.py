@@ -1,4 +1,4 @@
-"""Per-token structural side data, in the form the model reads (SPEC.md section 6).
+"""Per-token structural side data, in the form the model reads (docs/methods.md, Structural positions).
 
 Instead of an O(n^2) relative matrix per sentence, each binarized source token carries three
 integers: its word's tree depth (``abs``), and the entry and exit times ``tin``/``tout`` of its word

@@ -1,4 +1,4 @@
-"""Structural positions of dependency trees (SPEC.md section 6; Wang et al. 2019).
+"""Structural positions of dependency trees (Wang et al. 2019; docs/methods.md, Structural positions).
 
 A tree is given CoNLL-U style: ``heads[w]`` is the 1-based index of word w's head, 0 for a root.
 Several roots make a forest; every word then measures to its own root.
@@ -36,7 +36,7 @@ class TreeError(ValueError):
 
 
 def tree_depths(heads: Heads) -> List[int]:
-    """Absolute structural position of every word: edges on its path to its root (SPEC.md 6).
+    """Absolute structural position of every word: edges on its path to its root (Wang et al. eq. 5).
 
     >>> tree_depths([2, 0, 2])
     [1, 0, 1]
@@ -48,7 +48,7 @@ def tree_depths(heads: Heads) -> List[int]:
 
 
 def structural_relative_positions(heads: Heads, clip: Optional[int] = None) -> np.ndarray:
-    """``[n, n]`` int64 matrix, ``[i, j]`` = rel(word i, word j) with i the query (SPEC.md 6).
+    """``[n, n]`` int64 matrix, ``[i, j]`` = rel(word i, word j) with i the query (Wang et al. 3.1).
 
     >>> structural_relative_positions([2, 0, 2])
     array([[ 0,  1, -2],
@@ -74,7 +74,7 @@ def batch_tree_structure(heads: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
 
     Returns ``depth`` (int64, B x (n+1)) and ``ancestor`` (bool, B x (n+1) x (n+1)), where
     ``ancestor[b, w, a]`` is True when a is w or an ancestor of w. Slot n after the words is the
-    EOS: its depth is ``1 + max abs`` of the sentence (1 for an empty one), the SPEC's EOS value,
+    EOS: its depth is ``1 + max abs`` of the sentence (1 for an empty one), Wang et al.'s EOS value,
     and it is related to nothing but itself. A bad tree raises :class:`TreeError` naming the word,
     with ``sentence`` set to its row.
     """
@@ -139,7 +139,7 @@ def _identity(n: int) -> np.ndarray:
 
 
 def relative_from_structure(depth: np.ndarray, anc: np.ndarray, clip: Optional[int] = None) -> np.ndarray:
-    """The SPEC's rel for every pair from depths (..., n) and ancestor-or-self matrices (..., n, n)."""
+    """Structural rel of every pair from depths (..., n) and ancestor-or-self matrices (..., n, n)."""
     if clip is not None and clip < 0:
         raise ValueError(f"clip must be >= 0, got {clip}")
     on_path = anc | anc.swapaxes(-1, -2)

@@ -1,12 +1,15 @@
-"""The four kinds of position term, in the spirit of x-transformers' position modules.
+"""The five kinds of position term, in the spirit of x-transformers' position modules.
 
 The attention kernel (:mod:`fairseq_posattn.modules.attention`) owns projections, masking, softmax
 and dropout; a position term only says how it changes one step of that computation:
 
+- :class:`QueryKeyTransform`: a transform of the projected queries and keys (rotary embedding);
 - :class:`AdditiveLogitBias`: a bias added to the scaled logits before the softmax;
 - :class:`LogitScaling`: an elementwise rescaling of the content logits;
 - :class:`KeyValueAugmentation`: extra key and value vectors per (query, key) pair;
 - :class:`PostSoftmaxTransform`: a transform of the post-softmax attention matrix.
+
+(The learnable temperature, a scaling of the projection weights, is the kernel's own step.)
 
 Terms read token geometry from a :class:`~fairseq_posattn.modules.position_context.PositionContext`,
 which is built once per batch and shared by every layer.
@@ -29,14 +32,22 @@ class SequenceTooLongError(ValueError):
     """A sequence is longer than the positions a term was built for."""
 
 
-def check_length(length: int, max_positions: int, term: str, option: str) -> None:
-    """Raise a clear error instead of an index crash when ``length > max_positions``."""
+def check_length(length: int, max_positions: int, term: str) -> None:
+    """Raise a clear error instead of an index crash when ``length > max_positions``. The sides
+    check every batch first with the option's name (modules know no command-line names)."""
     if length > max_positions:
         raise SequenceTooLongError(
             f"a sequence of {length} tokens is longer than the {max_positions} positions that "
-            f"{term} was built for; retrain with a larger {option} (at least {length}) or drop "
-            f"longer inputs (fairseq's --skip-invalid-size-inputs-valid-test)"
-        )
+            f"{term} was built for")
+
+
+class QueryKeyTransform(nn.Module):
+    """Kind 0: a transform of the queries and keys of the current tokens, before the cache."""
+
+    def forward(self, q: Tensor, k: Tensor, ctx: PositionContext) -> Tuple[Tensor, Tensor]:
+        """``q`` (scaled) and ``k`` of shape ``(batch, heads, tgt_len, head_dim)``; the current
+        tokens are the last ``tgt_len`` of the context."""
+        raise NotImplementedError
 
 
 class AdditiveLogitBias(nn.Module):

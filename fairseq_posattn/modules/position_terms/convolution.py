@@ -1,4 +1,4 @@
-"""Convolved attention (Dufter et al. 2020, section 2.5; SPEC.md section 3).
+"""Convolved attention (Dufter et al. 2020, section 2.5; docs/methods.md, Convolved attention).
 
 Applied to the post-softmax matrix ``S = softmax(A)`` per head, followed by ReLU and not
 renormalised: ``A' = ReLU(conv(S))``, head output ``A' V`` (the ReLU is in the authors' released code).
@@ -10,7 +10,8 @@ incremental decoding those earlier rows come from the cache (``history``). Filte
 PyTorch's default convolution initialisation.
 """
 
-from typing import List, Optional, Sequence, Tuple
+import logging
+from typing import Any, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -18,6 +19,15 @@ from torch import Tensor, nn
 
 from fairseq_posattn.modules.position_context import PositionContext
 from fairseq_posattn.modules.position_terms.base import PostSoftmaxTransform, check_length
+from fairseq_posattn.modules.position_terms.registry import (
+    LayerSpec,
+    MethodOption,
+    PositionMethod,
+    PositionOptionError,
+    register,
+)
+
+logger = logging.getLogger(__name__)
 
 #: query rows per block of the causal 1d convolution: a block reads and writes only the key columns
 #: its rows can see, which skips about 60% of the products of a causal 512 x 512 square
@@ -152,15 +162,13 @@ class ConvolvedAttention1d(PostSoftmaxTransform):
     used (:class:`KeyChannelConvolution`); the parameters keep ``nn.Conv1d``'s layout.
     """
 
-    def __init__(self, num_heads: int, kernel_size: int, causal: bool, max_positions: int,
-                 max_positions_option: str):
+    def __init__(self, num_heads: int, kernel_size: int, causal: bool, max_positions: int):
         super().__init__()
         self.kernel_size = kernel_size
         self.causal = causal
         self.history_rows = kernel_size - 1 if causal else 0
         self.num_heads = num_heads
         self.max_positions = max_positions
-        self.max_positions_option = max_positions_option
         self.block_rows = CAUSAL_BLOCK_ROWS
         self.conv = nn.Conv1d(
             num_heads * max_positions, num_heads * max_positions, kernel_size, groups=num_heads
@@ -187,8 +195,7 @@ class ConvolvedAttention1d(PostSoftmaxTransform):
         self, probs: Tensor, blocked: Optional[Tensor], ctx: PositionContext, history: Optional[Tensor]
     ) -> Tuple[Tensor, Optional[Tensor]]:
         batch, heads, tgt_len, src_len = probs.shape
-        check_length(src_len, self.max_positions, "the 1d attention convolution (t key channels)",
-                     self.max_positions_option)
+        check_length(src_len, self.max_positions, "the 1d attention convolution (t key channels)")
         left_pads = ctx.left_pads
         if left_pads is not None:
             probs = self._shift_columns(probs, left_pads, src_len)
@@ -207,3 +214,50 @@ class ConvolvedAttention1d(PostSoftmaxTransform):
         if left_pads is not None:
             out = self._shift_columns(out, -left_pads, src_len)
         return _rectify(out, blocked), cache
+
+
+class ConvolvedAttentionMethod(PositionMethod):
+    name = "conv-attention"
+    citation = "Dufter et al. 2020, section 2.5"
+    options = (
+        MethodOption("conv_attention", "none",
+                     "convolve the post-softmax attention matrix in every layer of the {what} (Dufter et "
+                     "al. 2020, 2.5): 1d (+Conv; t key channels, t = {t}) or 2d (+Conv2d; one k x k "
+                     "filter per head)", choices=("none", "1d", "2d")),
+        MethodOption("conv_attention_kernel", 3, "odd width k of the attention convolution"),
+    )
+    benchmark_target = "post_softmax"
+    variants = {
+        "conv-1d": {"conv_attention": "1d"},
+        "conv-2d": {"conv_attention": "2d"},
+        "conv-2d-k5": {"conv_attention": "2d", "conv_attention_kernel": 5},
+    }
+
+    def is_on(self, options: Any) -> bool:
+        return options.conv_attention != "none"
+
+    def validate(self, options: Any) -> None:
+        k = options.conv_attention_kernel
+        if k < 1 or k % 2 == 0:
+            raise PositionOptionError(
+                f"{options.flag('conv_attention_kernel')} must be an odd positive width (3, 5, ...), got {k}")
+        if not self.is_on(options) and k != 3:
+            raise PositionOptionError(
+                f"{options.flag('conv_attention_kernel')} {k} has no effect without "
+                f"{options.flag('conv_attention')} 1d|2d; add it or drop the kernel option")
+        if options.conv_attention == "1d" and options.max_positions > 256:
+            logger.warning("%s 1d builds a t x t x k filter bank per head with t = %s = %d; consider a smaller %s",
+                           options.flag("conv_attention"), options.max_positions_option,
+                           options.max_positions, options.max_positions_option)
+
+    def needs_max_positions(self, options: Any) -> bool:
+        return options.conv_attention == "1d"
+
+    def terms(self, options: Any, layer: LayerSpec) -> List[nn.Module]:
+        k = options.conv_attention_kernel
+        if options.conv_attention == "2d":
+            return [ConvolvedAttention2d(layer.num_heads, k, options.causal)]
+        return [ConvolvedAttention1d(layer.num_heads, k, options.causal, options.max_positions)]
+
+
+register(ConvolvedAttentionMethod())

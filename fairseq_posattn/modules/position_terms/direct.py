@@ -1,10 +1,19 @@
-"""Direct position interactions (Dufter et al. 2020, section 2.3; SPEC.md section 1)."""
+"""Direct position interactions (Dufter et al. 2020, section 2.3; see docs/methods.md)."""
+
+from typing import Any, List
 
 import torch
 from torch import Tensor, nn
 
 from fairseq_posattn.modules.position_context import PositionContext
 from fairseq_posattn.modules.position_terms.base import AdditiveLogitBias, check_length
+from fairseq_posattn.modules.position_terms.registry import (
+    LayerSpec,
+    MethodOption,
+    PositionMethod,
+    PositionOptionError,
+    register,
+)
 
 
 class DirectAbsolutePositionBias(AdditiveLogitBias):
@@ -15,17 +24,13 @@ class DirectAbsolutePositionBias(AdditiveLogitBias):
     plain attention.
     """
 
-    def __init__(self, num_heads: int, max_positions: int, max_positions_option: str):
+    def __init__(self, num_heads: int, max_positions: int):
         super().__init__()
         self.max_positions = max_positions
-        self.max_positions_option = max_positions_option
         self.weight = nn.Parameter(torch.zeros(num_heads, max_positions, max_positions))
 
     def forward(self, ctx: PositionContext, tgt_len: int, src_len: int) -> Tensor:
-        check_length(
-            src_len, self.max_positions, "the direct absolute position matrix A^p",
-            self.max_positions_option,
-        )
+        check_length(src_len, self.max_positions, "the direct absolute position matrix A^p")
         if ctx.positions is None:  # right padding: token positions are the indices
             first_query = src_len - tgt_len
             return self.weight[:, first_query:src_len, :src_len].unsqueeze(0)
@@ -40,16 +45,56 @@ class DirectRelativePositionBias(AdditiveLogitBias):
     Initialised to zero: training starts from plain attention.
     """
 
-    def __init__(self, num_heads: int, max_positions: int, max_positions_option: str):
+    def __init__(self, num_heads: int, max_positions: int):
         super().__init__()
         self.max_positions = max_positions
-        self.max_positions_option = max_positions_option
         self.weight = nn.Parameter(torch.zeros(num_heads, 2 * max_positions - 1))
 
     def forward(self, ctx: PositionContext, tgt_len: int, src_len: int) -> Tensor:
-        check_length(
-            src_len, self.max_positions, "the direct relative position vector a^r",
-            self.max_positions_option,
-        )
+        check_length(src_len, self.max_positions, "the direct relative position vector a^r")
         index = ctx.relative_distances(tgt_len, src_len) + (self.max_positions - 1)
         return self.weight[:, index].unsqueeze(0)
+
+
+class DirectPositionMethod(PositionMethod):
+    name = "direct-position"
+    citation = "Dufter et al. 2020, section 2.3"
+    options = (
+        MethodOption("direct_position", "none",
+                     "direct position interactions in the {what} (Dufter et al. 2020, 2.3), added to the "
+                     "logits: a learnable t x t matrix per head (absolute, SAN+P), a vector over i - j per "
+                     "head (relative, SAN+R) or both (SAN+P+R); t = {t}",
+                     choices=("none", "absolute", "relative", "both")),
+        MethodOption("direct_position_layers", "first",
+                     "layers with direct position interactions: first (as the paper) or all, each layer "
+                     "with its own parameters", choices=("first", "all")),
+    )
+    benchmark_target = "additive"
+    variants = {
+        "direct-absolute": {"direct_position": "absolute"},
+        "direct-relative": {"direct_position": "relative"},
+        "direct-both-all-layers": {"direct_position": "both", "direct_position_layers": "all"},
+    }
+
+    def is_on(self, options: Any) -> bool:
+        return options.direct_position != "none"
+
+    def validate(self, options: Any) -> None:
+        if not self.is_on(options) and options.direct_position_layers != "first":
+            raise PositionOptionError(
+                f"{options.flag('direct_position_layers')} {options.direct_position_layers} has no effect "
+                f"without {options.flag('direct_position')}; add {options.flag('direct_position')} "
+                f"absolute|relative|both or drop {options.flag('direct_position_layers')}")
+
+    def needs_max_positions(self, options: Any) -> bool:
+        return self.is_on(options)
+
+    def terms(self, options: Any, layer: LayerSpec) -> List[nn.Module]:
+        if options.direct_position_layers != "all" and layer.index > 0:
+            return []
+        kinds = {"absolute": DirectAbsolutePositionBias, "relative": DirectRelativePositionBias}
+        return [term(layer.num_heads, options.max_positions) for name, term in kinds.items()
+                if options.direct_position in (name, "both")]
+
+
+register(DirectPositionMethod())

@@ -1,4 +1,6 @@
-"""Distance-aware attention (Wu et al. 2021, DA-Transformer, section 3; SPEC.md section 4)."""
+"""Distance-aware attention (Wu et al. 2021, DA-Transformer, section 3; see docs/methods.md)."""
+
+from typing import Any, List
 
 import torch
 import torch.nn.functional as F
@@ -6,6 +8,7 @@ from torch import Tensor, nn
 
 from fairseq_posattn.modules.position_context import PositionContext
 from fairseq_posattn.modules.position_terms.base import LogitScaling, at_least_fp32
+from fairseq_posattn.modules.position_terms.registry import LayerSpec, MethodOption, PositionMethod, register
 
 
 class DistanceAwareScaling(LogitScaling):
@@ -35,3 +38,24 @@ class DistanceAwareScaling(LogitScaling):
         """The rescaled logits in fp32 (the kernel's softmax runs in fp32 anyway)."""
         tgt_len, src_len = logits.shape[-2:]
         return torch.relu(logits.to(at_least_fp32(logits.dtype))) * self.coefficients(ctx, tgt_len, src_len)
+
+
+class DistanceAwareMethod(PositionMethod):
+    name = "distance-aware"
+    citation = "Wu et al. 2021, section 3"
+    options = (
+        MethodOption("distance_aware", False,
+                     "distance-aware attention in every layer of the {what} (Wu et al. 2021, "
+                     "DA-Transformer): ReLU(QK^T) re-scaled by a learned function of |i - j| per head"),
+    )
+    benchmark_target = "scaling"
+    variants = {"distance-aware": {"distance_aware": True}}
+
+    def is_on(self, options: Any) -> bool:
+        return options.distance_aware
+
+    def terms(self, options: Any, layer: LayerSpec) -> List[nn.Module]:
+        return [DistanceAwareScaling(layer.num_heads)]
+
+
+register(DistanceAwareMethod())

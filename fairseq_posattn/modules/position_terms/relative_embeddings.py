@@ -1,15 +1,24 @@
-"""Relative position representations (Shaw et al. 2018; SPEC.md section 5).
+"""Relative position representations (Shaw et al. 2018, section 3; see docs/methods.md).
 
 Key and value embeddings ``a^K, a^V`` of size d_h, indexed by a bucket per (query, key) pair and
 shared across heads. The logit term is computed with the relative-to-absolute gather: ``q a^K^T``
 once per bucket, then gathered into (query, key) cells, never a (T, T, d_h) tensor.
 """
 
+from typing import Any, List
+
 import torch
 from torch import Tensor, nn
 
 from fairseq_posattn.modules.position_context import PositionContext
 from fairseq_posattn.modules.position_terms.base import KeyValueAugmentation
+from fairseq_posattn.modules.position_terms.registry import (
+    LayerSpec,
+    MethodOption,
+    PositionMethod,
+    PositionOptionError,
+    register,
+)
 
 
 class RelativePositionEmbeddings(KeyValueAugmentation):
@@ -43,3 +52,30 @@ class RelativePositionEmbeddings(KeyValueAugmentation):
         mass = probs.new_zeros(probs.shape[:-1] + (self.value_table.size(0),))
         mass.scatter_add_(-1, buckets, probs)  # attention mass per bucket
         return torch.matmul(mass, self.value_table.to(probs.dtype))
+
+
+class RelativePositionsMethod(PositionMethod):
+    name = "relative-positions"
+    citation = "Shaw et al. 2018, section 3"
+    options = (
+        MethodOption("relative_positions", 0,
+                     "Shaw et al. (2018) relative position representations with clip distance k in every "
+                     "layer of the {what} (Transformer-RPR); 0 = off"),
+    )
+    benchmark_target = "key_value"
+    variants = {"shaw": {"relative_positions": 3}}
+
+    def is_on(self, options: Any) -> bool:
+        return options.relative_positions > 0
+
+    def validate(self, options: Any) -> None:
+        if options.relative_positions < 0:
+            raise PositionOptionError(
+                f"{options.flag('relative_positions')} is a clip distance k >= 1 (0 = off), "
+                f"got {options.relative_positions}")
+
+    def terms(self, options: Any, layer: LayerSpec) -> List[nn.Module]:
+        return [RelativePositionEmbeddings(layer.head_dim, options.relative_positions)]
+
+
+register(RelativePositionsMethod())

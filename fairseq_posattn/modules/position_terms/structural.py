@@ -1,12 +1,21 @@
-"""Relative structural position representations (Wang et al. 2019, 3.2; SPEC.md section 6).
+"""Relative structural position representations (Wang et al. 2019, 3.2; see docs/methods.md).
 
 Shaw-style key and value embeddings indexed by the clipped relative structural position of each
 (query, key) pair, a table of their own; with sequential Shaw embeddings also on, both tables add.
 """
 
-from torch import Tensor
+from typing import Any, List
+
+from torch import Tensor, nn
 
 from fairseq_posattn.modules.position_context import PositionContext
+from fairseq_posattn.modules.position_terms.registry import (
+    LayerSpec,
+    MethodOption,
+    PositionMethod,
+    PositionOptionError,
+    register,
+)
 from fairseq_posattn.modules.position_terms.relative_embeddings import RelativePositionEmbeddings
 
 
@@ -15,3 +24,53 @@ class StructuralRelativeEmbeddings(RelativePositionEmbeddings):
 
     def buckets(self, ctx: PositionContext, tgt_len: int, src_len: int) -> Tensor:
         return ctx.structural_buckets(tgt_len, src_len) + self.clip
+
+
+def embeds_tree_depth(options: Any) -> bool:
+    """The encoder's input gets the absolute structural embedding of each token's tree depth."""
+    return options.structural_positions in ("absolute", "both")
+
+
+def relates_tree_positions(options: Any) -> bool:
+    """Every encoder layer gets the relative structural key/value embeddings."""
+    return options.structural_positions in ("relative", "both")
+
+
+class StructuralPositionsMethod(PositionMethod):
+    name = "structural-positions"
+    citation = "Wang et al. 2019, section 3"
+    sides = ("encoder",)
+    options = (
+        MethodOption("structural_positions", "none",
+                     "structural positions of the source words from their dependency parse (Wang et "
+                     "al. 2019; needs --task translation_structural): absolute = sinusoidal "
+                     "embedding of the tree depth, relative = Shaw-style key/value embeddings of the "
+                     "relative tree position in every encoder layer, or both",
+                     choices=("none", "absolute", "relative", "both")),
+        MethodOption("structural_fusion", "add",
+                     "how the absolute structural embedding joins the sequential one: add (sum) or "
+                     "nonlinear (tanh of a learned linear map of both)", choices=("add", "nonlinear")),
+        MethodOption("structural_clip", 16, "clip r of the relative structural positions (Wang et al.: 16)"),
+    )
+    benchmark_target = "key_value"
+    #: structural variants need parses: the tests and the benchmark build them with side data
+    variants = {}
+
+    def is_on(self, options: Any) -> bool:
+        return options.structural_positions != "none"
+
+    def validate(self, options: Any) -> None:
+        if options.structural_clip < 1:
+            raise PositionOptionError(
+                f"{options.flag('structural_clip')} must be >= 1, got {options.structural_clip}")
+
+    def needs_max_positions(self, options: Any) -> bool:
+        return embeds_tree_depth(options)  # a sinusoid table of t depths
+
+    def terms(self, options: Any, layer: LayerSpec) -> List[nn.Module]:
+        if not relates_tree_positions(options):
+            return []
+        return [StructuralRelativeEmbeddings(layer.head_dim, options.structural_clip)]
+
+
+register(StructuralPositionsMethod())

@@ -1,14 +1,16 @@
-"""Learnable temperature (Dufter et al. 2020, section 2.4; SPEC.md section 2).
+"""Learnable temperature (Dufter et al. 2020, section 2.4; docs/methods.md, Learnable temperature).
 
 Not a position term but a scaling of the projections: per head three scalars gamma_q, gamma_k,
 gamma_v, initialised to 1, multiply that head's slice (rows) of W_q, W_k, W_v. Biases are not
 scaled (the paper scales the matrices). Applied in every layer of the side.
 """
 
-from typing import Tuple
+from typing import Any, List, Tuple
 
 import torch
 from torch import Tensor, nn
+
+from fairseq_posattn.modules.position_terms.registry import LayerSpec, MethodOption, PositionMethod, register
 
 
 class LearnableTemperature(nn.Module):
@@ -21,3 +23,24 @@ class LearnableTemperature(nn.Module):
         """Return W_q, W_k, W_v with each head's output rows multiplied by its gamma."""
         row_scale = self.gamma.repeat_interleave(self.head_dim, dim=1).unsqueeze(-1)  # 3 x E x 1
         return q_weight * row_scale[0], k_weight * row_scale[1], v_weight * row_scale[2]
+
+
+class LearnableTemperatureMethod(PositionMethod):
+    name = "learnable-temperature"
+    citation = "Dufter et al. 2020, section 2.4"
+    options = (
+        MethodOption("learnable_temperature", False,
+                     "learnable per-head temperatures gamma_q, gamma_k, gamma_v in every layer of the "
+                     "{what} (Dufter et al. 2020, 2.4; +Temp)"),
+    )
+    benchmark_target = "temperature"
+    variants = {"temperature": {"learnable_temperature": True}}
+
+    def is_on(self, options: Any) -> bool:
+        return options.learnable_temperature
+
+    def terms(self, options: Any, layer: LayerSpec) -> List[nn.Module]:
+        return [LearnableTemperature(layer.num_heads, layer.head_dim)]
+
+
+register(LearnableTemperatureMethod())

@@ -1,0 +1,132 @@
+"""The registry of position methods: one declaration per method, in the file of its term.
+
+A :class:`PositionMethod` says everything the rest of the plug-in needs to know about a method:
+
+- its command-line options (``--{side}-{name}``; fairseq's option dataclasses, the argparse options
+  and the architectures' defaults are generated from them, see
+  :mod:`fairseq_posattn.models.position_options`);
+- its validation, raising :class:`PositionOptionError` with the option to change;
+- the position terms it builds for one layer of a side (the kernel sorts them by kind);
+- whether it needs t (the side's ``--max-*-positions``), which the side then checks per batch;
+- the variants that the tests and the benchmark build, and the benchmark's ratio target.
+
+Adding a method is one file that defines its term(s) and ends with ``register(...)``, plus one
+import line in :mod:`fairseq_posattn.modules.position_terms`; the registration order is the order
+of the options in ``--help`` and of the terms within a kind.
+"""
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+from torch import nn
+
+SIDES = ("encoder", "decoder")
+
+
+class PositionOptionError(ValueError):
+    """An impossible option value or combination, reported at start-up."""
+
+
+@dataclass(frozen=True)
+class MethodOption:
+    """One ``--{side}-{name}`` option. ``help`` may use ``{what}`` (the side's attention, e.g.
+    "encoder self-attention") and ``{t}`` (the option that sets t on that side)."""
+
+    name: str
+    default: Any
+    help: str
+    choices: Tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class LayerSpec:
+    """The layer a method builds terms for, and the side-wide modules its layers share."""
+
+    index: int
+    num_heads: int
+    head_dim: int
+    shared: Dict[str, nn.Module] = field(default_factory=dict, compare=False)
+
+
+class PositionMethod:
+    """Base class of a method's declaration; see the module docstring."""
+
+    #: unique name, also the key of the registry
+    name: str = ""
+    #: the paper (author year, section) the method implements
+    citation: str = ""
+    options: Tuple[MethodOption, ...] = ()
+    sides: Tuple[str, ...] = SIDES
+    #: the benchmark's ratio target for this method's rows (a key of the benchmark's targets)
+    benchmark_target: str = "additive"
+    #: variant name -> option values (without the side prefix), built by tests and the benchmark
+    variants: Mapping[str, Mapping[str, Any]] = {}
+
+    def is_on(self, options: Any) -> bool:
+        """True when the options ask for this method on the side."""
+        raise NotImplementedError
+
+    def validate(self, options: Any) -> None:
+        """Raise :class:`PositionOptionError` for impossible values or combinations (choices are
+        checked before this is called)."""
+
+    def needs_max_positions(self, options: Any) -> bool:
+        """True when a term keeps parameters per position up to t (longer inputs are refused)."""
+        return False
+
+    def terms(self, options: Any, layer: LayerSpec) -> List[nn.Module]:
+        """The position terms of one layer of the side (empty where the method skips the layer)."""
+        return []
+
+
+REGISTRY: Dict[str, PositionMethod] = {}
+
+
+def register(method: PositionMethod) -> PositionMethod:
+    """Add a method's declaration to the registry (once per name)."""
+    if method.name in REGISTRY:
+        raise ValueError(f"position method {method.name!r} is registered twice")
+    taken = {option.name for other in REGISTRY.values() for option in other.options}
+    clash = taken & {option.name for option in method.options}
+    if clash:
+        raise ValueError(f"position method {method.name!r} redefines the options {sorted(clash)}")
+    REGISTRY[method.name] = method
+    return method
+
+
+def methods_of(side: str) -> List[PositionMethod]:
+    """The methods that ``side`` can take, in registration order."""
+    return [method for method in REGISTRY.values() if side in method.sides]
+
+
+def options_of(side: str) -> List[MethodOption]:
+    return [option for method in methods_of(side) for option in method.options]
+
+
+def find_option(name: str) -> Optional[MethodOption]:
+    return next((o for m in REGISTRY.values() for o in m.options if o.name == name), None)
+
+
+def variant_flags(side: str, values: Mapping[str, Any]) -> List[str]:
+    """Command-line flags of a variant's option values on ``side``."""
+    flags: List[str] = []
+    for name, value in values.items():
+        flag = f"--{side}-{name.replace('_', '-')}"
+        if value is True:
+            flags.append(flag)
+        elif value is not False:
+            flags += [flag, str(value)]
+    return flags
+
+
+def all_variants(side: Optional[str] = None) -> Dict[str, Mapping[str, Any]]:
+    """Every registered variant (of the methods ``side`` can take), by name."""
+    found: Dict[str, Mapping[str, Any]] = {}
+    for method in REGISTRY.values():
+        if side is None or side in method.sides:
+            found.update(method.variants)
+    return found
+
+
+def sequence(values: Sequence[Any]) -> Tuple[Any, ...]:
+    return tuple(values)

@@ -1,0 +1,105 @@
+"""T5's bucketed relative position bias (Raffel et al. 2020, section 2.1), a baseline.
+
+Each head learns one scalar per *bucket* of the key-minus-query distance ``j - i``; the scalar is
+added to the logit of every (query, key) pair in that bucket. Half of the buckets hold the exact
+small distances ``0 .. N/2 - 1``; the others cover ``N/2 .. max_distance`` in logarithmically
+growing ranges, and every larger distance shares the last bucket. On a bidirectional side the
+buckets are split in two halves, one for keys before the query and one for keys after it; on a
+causal side keys are never after the query, so every bucket measures ``i - j >= 0``.
+
+As in T5, the table (``N x heads``) is shared by every layer of a side, and initialised to zero
+here (training starts from plain attention). Our kernel adds it to the 1/sqrt(d_h)-scaled logits
+(T5 itself does not scale its logits): an additive bias like the others, so it stays on the fused
+attention path.
+"""
+
+import math
+from typing import Any, List
+
+import torch
+from torch import Tensor, nn
+
+from fairseq_posattn.modules.position_context import PositionContext
+from fairseq_posattn.modules.position_terms.base import AdditiveLogitBias
+from fairseq_posattn.modules.position_terms.registry import (
+    LayerSpec,
+    MethodOption,
+    PositionMethod,
+    PositionOptionError,
+    register,
+)
+
+
+def relative_buckets(distance: Tensor, num_buckets: int, max_distance: int, bidirectional: bool) -> Tensor:
+    """T5's bucket of each query-minus-key distance ``i - j`` (long tensor of any shape)."""
+    buckets = torch.zeros_like(distance)
+    if bidirectional:
+        num_buckets //= 2
+        buckets = buckets + (distance < 0).long() * num_buckets  # keys after the query
+        distance = distance.abs()
+    else:
+        distance = distance.clamp(min=0)
+    exact = num_buckets // 2
+    scale = (num_buckets - exact) / math.log(max_distance / exact)
+    logarithmic = exact + (torch.log(distance.clamp(min=1).float() / exact) * scale).long()
+    logarithmic = logarithmic.clamp(max=num_buckets - 1)
+    return buckets + torch.where(distance < exact, distance, logarithmic)
+
+
+class T5RelativeBias(AdditiveLogitBias):
+    """``logits[h, i, j] += table[bucket(i - j), h]``, one table shared by a side's layers."""
+
+    def __init__(self, num_heads: int, num_buckets: int, max_distance: int, bidirectional: bool):
+        super().__init__()
+        self.num_buckets = num_buckets
+        self.max_distance = max_distance
+        self.bidirectional = bidirectional
+        self.table = nn.Parameter(torch.zeros(num_buckets, num_heads))
+
+    def forward(self, ctx: PositionContext, tgt_len: int, src_len: int) -> Tensor:
+        buckets = relative_buckets(ctx.relative_distances(tgt_len, src_len), self.num_buckets,
+                                   self.max_distance, self.bidirectional)
+        return self.table[buckets].permute(2, 0, 1).unsqueeze(0)  # 1 x H x Tq x Tk
+
+
+class T5RelativeBiasMethod(PositionMethod):
+    name = "t5-relative-bias"
+    citation = "Raffel et al. 2020, section 2.1"
+    options = (
+        MethodOption("t5_relative_bias", 0,
+                     "T5's bucketed relative position bias in every layer of the {what} (Raffel et al. "
+                     "2020): N buckets of key-minus-query distances, a learned scalar per bucket and head, "
+                     "one table shared by the side's layers; 0 = off"),
+        MethodOption("t5_max_distance", 128,
+                     "with --{side}-t5-relative-bias: distances from this one on share the last bucket"),
+    )
+    benchmark_target = "additive"
+    variants = {"t5-bias": {"t5_relative_bias": 8, "t5_max_distance": 16}}
+
+    def is_on(self, options: Any) -> bool:
+        return options.t5_relative_bias > 0
+
+    def validate(self, options: Any) -> None:
+        buckets, distance = options.t5_relative_bias, options.t5_max_distance
+        if buckets < 0 or buckets == 1 or (not options.causal and 0 < buckets < 4):
+            least = 2 if options.causal else 4
+            raise PositionOptionError(
+                f"{options.flag('t5_relative_bias')} needs at least {least} buckets (0 = off), got {buckets}")
+        exact = (buckets // 2 if options.causal else buckets // 4) if buckets else 1
+        if self.is_on(options) and distance <= exact:
+            raise PositionOptionError(
+                f"{options.flag('t5_max_distance')} must exceed the {exact} exact buckets of "
+                f"{options.flag('t5_relative_bias')} {buckets}, got {distance}")
+        if not self.is_on(options) and distance != 128:
+            raise PositionOptionError(
+                f"{options.flag('t5_max_distance')} {distance} has no effect without "
+                f"{options.flag('t5_relative_bias')} N; add it or drop the distance option")
+
+    def terms(self, options: Any, layer: LayerSpec) -> List[nn.Module]:
+        if self.name not in layer.shared:
+            layer.shared[self.name] = T5RelativeBias(
+                layer.num_heads, options.t5_relative_bias, options.t5_max_distance, not options.causal)
+        return [layer.shared[self.name]]
+
+
+register(T5RelativeBiasMethod())

@@ -1,0 +1,70 @@
+"""The package's layers: command lines (``cli/``) sit on the library and never the other way round,
+``structure/`` does not reach into ``data/``, and every ``posattn-*`` command is a thin ``cli/`` module."""
+
+import ast
+import os
+import re
+from typing import Iterator, Tuple
+
+from cli_helpers import run, run_failing
+from model_helpers import REPO
+
+PACKAGE = os.path.join(REPO, "fairseq_posattn")
+SST2 = os.path.join(REPO, "data", "sst2_sample")
+
+
+def imported_modules(path: str) -> Iterator[Tuple[int, str]]:
+    """(line, module) of every absolute import of a Python file."""
+    with open(path, encoding="utf-8") as f:
+        tree = ast.parse(f.read(), path)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            yield from ((node.lineno, alias.name) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            yield from ((node.lineno, f"{node.module}.{alias.name}") for alias in node.names)
+
+
+def imports_of(folder: str, prefix: str) -> list:
+    """``file:line module`` for each import of ``prefix`` (or a submodule) below ``PACKAGE/folder``."""
+    found = []
+    for root, _, files in os.walk(os.path.join(PACKAGE, folder)):
+        for name in sorted(f for f in files if f.endswith(".py")):
+            path = os.path.join(root, name)
+            found += [f"{os.path.relpath(path, REPO)}:{line} {module}" for line, module in imported_modules(path)
+                      if module == prefix or module.startswith(prefix + ".")]
+    return found
+
+
+def test_the_library_never_imports_the_command_lines():
+    outside_cli = [hit for hit in imports_of("", "fairseq_posattn.cli")
+                   if not hit.startswith(os.path.join("fairseq_posattn", "cli", ""))]
+    assert outside_cli == []
+
+
+def test_structure_does_not_import_data():
+    assert imports_of("structure", "fairseq_posattn.data") == []
+
+
+def test_every_console_script_is_a_cli_module():
+    with open(os.path.join(REPO, "setup.py"), encoding="utf-8") as f:
+        scripts = re.findall(r'"(posattn-[a-z-]+) = ([\w.]+):main"', f.read())
+    assert "posattn-prepare-classification" in dict(scripts)
+    for name, module in scripts:
+        assert module.startswith("fairseq_posattn.cli."), name
+        assert os.path.exists(os.path.join(PACKAGE, *module.split(".")[1:]) + ".py"), module
+
+
+def test_prepare_classification_command_splits_sst2_and_refuses_bad_lines(tmp_path):
+    train, dev = (os.path.join(SST2, f"stsa.binary.{split}") for split in ("train", "dev"))
+    run("posattn-prepare-classification", ["--train", train, "--valid", dev, "--labels", "0", "1",
+                                           "--destdir", str(tmp_path / "text")])
+    assert sorted(os.listdir(tmp_path / "text")) == ["train.input0", "train.label", "valid.input0", "valid.label"]
+    labels = (tmp_path / "text" / "valid.label").read_text(encoding="utf-8").splitlines()
+    assert len(labels) == 200 and set(labels) == {"0", "1"}
+
+    bad = tmp_path / "dev.txt"
+    bad.write_text("1 a fine film\n2 a strange label\n", encoding="utf-8")
+    result = run_failing("posattn-prepare-classification", ["--train", train, "--valid", str(bad), "--labels",
+                                                             "0", "1", "--destdir", str(tmp_path / "bad")])
+    assert f"posattn-prepare-classification: error: {bad}:2: label '2' is not one of 0, 1" in result.stderr
+    assert not (tmp_path / "bad").exists()
