@@ -11,7 +11,7 @@ FAIRSEQ := fairseq-fixed==0.12.3.1
 install: $(STAMP)
 
 # fairseq-fixed is an sdist compiled against the installed torch and numpy: install those first,
-# then build it without isolation and without its metadata's torchaudio (../shared/FAIRSEQ_NOTES.md).
+# then build it without isolation and without its metadata's torchaudio (docs/fairseq_compat.md).
 $(STAMP): requirements/build.txt requirements/runtime.txt setup.py pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q -r requirements/build.txt
@@ -33,7 +33,7 @@ test-fast: install
 # Regenerates the README's benchmark section (about an hour on 2 CPU cores) and keeps the report.
 benchmark: install
 	mkdir -p benchmark-output
-	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) scripts/benchmark.py --long --lm --threads 1 \
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) scripts/posattn_benchmark --long --lm --threads 1 \
 		--output benchmark-output/benchmark.md --readme README.md
 
 # The GPU check (docs/gpu_check.md): the precision / checkpointing / compile / distributed tests on the

@@ -19,7 +19,7 @@ learned on the treebank's own words (``--bpe-merges``), it times:
   (``--skip-parse`` leaves it out).
 
 Each timing is the best of ``--repeat`` runs. Threads are limited to one (set before numpy loads).
-``--json`` prints one JSON object instead of the text lines (``scripts/benchmark.py`` reads it).
+``--json`` prints one JSON object instead of the text lines (the benchmark package, ``scripts/posattn_benchmark``, reads it).
 Usage::
 
     python scripts/benchmark_structure.py

@@ -17,7 +17,7 @@ Steps, each a row group of the report's table (check, device, setting, result, n
    signature (``fairseq-generate`` + ``posattn-score``'s scorer) or test perplexity
    (``fairseq-eval-lm``). The validation-loss curves (read by ``fairseq_posattn.inspect.
    learning_curves``) become one PNG per family.
-3. **Benchmark**: ``scripts/benchmark.py --device cuda`` (train-step time and peak-memory ratios to
+3. **Benchmark**: ``scripts/posattn_benchmark --device cuda`` (train-step time and peak-memory ratios to
    vanilla fairseq, beam-search speed), one row per variant with its target.
 
 Everything goes to ``--output`` (default ``gpu-check-output/``): ``report.md``, ``loss-*.png``,
@@ -62,7 +62,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 USER_DIR = REPO_ROOT / "fairseq_posattn"
 MULTI30K = REPO_ROOT / "data" / "multi30k_sample"
 PTB = REPO_ROOT / "data" / "ptb_sample"
-BENCHMARK = REPO_ROOT / "scripts" / "benchmark.py"
+BENCHMARK = REPO_ROOT / "scripts" / "posattn_benchmark"
 #: the console tools of this interpreter's environment (the virtualenv's bin)
 BIN = Path(sys.executable).parent
 SRC, TGT = "en", "de"
@@ -144,9 +144,10 @@ class Scale:
 
 #: one variant per kind of term (additive, temperature, 2d and 1d convolution, scaling, relative,
 #: structural), beam search of the structural and DA models
-FULL_BENCHMARK = ("--variants", "san-p-r", "temp", "conv2d", "conv1d", "da", "rpr", "struct-abs", "struct-both",
-                  "--decode-variants", "struct-both", "da", "--steps", "10", "--warmup", "3")
-QUICK_BENCHMARK = ("--variants", "san-p-r", "da", "struct-both", "--decode-variants", "struct-both",
+FULL_BENCHMARK = ("--variants", "san-p-r", "temperature", "conv-2d", "conv-1d", "distance-aware", "shaw",
+                  "t5-bias", "alibi", "rotary", "struct-abs", "struct-both",
+                  "--decode-variants", "struct-both", "distance-aware", "--steps", "10", "--warmup", "3")
+QUICK_BENCHMARK = ("--variants", "san-p-r", "distance-aware", "struct-both", "--decode-variants", "struct-both",
                    "--steps", "5", "--warmup", "2")
 TINY_BENCHMARK = ("--variants", "struct-rel", "--decode-variants", "struct-rel", "--steps", "1", "--warmup", "0",
                   "--decode-rounds", "1", "--embed-dim", "16", "--ffn-dim", "32", "--heads", "2", "--layers", "1",
@@ -349,10 +350,11 @@ def run_together(commands: Sequence[Sequence[str]], logs: Sequence[Path], env: D
 
 
 def command_name(command: Sequence[str]) -> str:
-    """``fairseq-train``, ``pytest`` (for ``python -m pytest``), ``benchmark.py`` (for ``python X.py``)."""
+    """``fairseq-train``, ``pytest`` (for ``python -m pytest``), ``posattn_benchmark`` (for ``python
+    scripts/posattn_benchmark``), ``X.py`` (for ``python X.py``)."""
     if len(command) > 2 and command[1] == "-m":
         return command[2]
-    if len(command) > 1 and command[1].endswith(".py"):
+    if len(command) > 1 and (command[1].endswith(".py") or Path(command[1]).is_dir()):
         return Path(command[1]).name
     return Path(command[0]).name
 
@@ -727,7 +729,7 @@ def benchmark_rows(report: str, device: str) -> List[Row]:
 
 
 def benchmark_step(ctx: Context) -> List[Row]:
-    """``scripts/benchmark.py --device <device>`` at the scale's sizes; its report is kept beside ours."""
+    """``scripts/posattn_benchmark --device <device>`` at the scale's sizes; its report is kept beside ours."""
     device = ctx.machine.kind
     output = ctx.output / "benchmark.md"
     command = [sys.executable, str(BENCHMARK), "--device", device, "--skip-prepare", "--malloc", "reuse",

@@ -3,10 +3,9 @@
 import os
 from typing import Any, Dict, List, Mapping
 
-from fairseq import models, options
 from fairseq.data import Dictionary
-from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
+from fairseq_posattn.models import building
 from fairseq_posattn.modules.attention import PositionAwareMultiheadAttention
 from fairseq_posattn.modules.position_terms.registry import all_variants, variant_flags
 from reference_attention import randomize_
@@ -39,17 +38,12 @@ class TinyTask:
 
 
 def parse_model_args(arch: str, extra: List[str], tiny: List[str] = TINY):
-    parser = options.get_training_parser()
-    return options.parse_args_and_arch(
-        parser, ["unused-data-dir", "--user-dir", USER_DIR, "--arch", arch, *tiny, *extra]
-    )
+    return building.parse_model_args(["--arch", arch, *tiny, *extra])
 
 
 def build_model(arch: str, extra: List[str], task: TinyTask = None, tiny: List[str] = TINY):
     """Build as fairseq-train does: parse, convert to the hydra config, ``models.build_model``."""
-    args = parse_model_args(arch, extra, tiny)
-    cfg = convert_namespace_to_omegaconf(args)
-    return models.build_model(cfg.model, task or TinyTask())
+    return building.build_model(["--arch", arch, *tiny, *extra], task or TinyTask())
 
 
 def build_lm(arch: str, extra: List[str]):

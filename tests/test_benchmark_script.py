@@ -1,4 +1,4 @@
-"""scripts/benchmark.py runs end to end at tiny sizes: every kind of group (translation with
+"""scripts/posattn_benchmark runs end to end at tiny sizes: every kind of group (translation with
 structural side data and beam search, language model), the target check and the README section it
 regenerates. Nothing here asserts a timing: the numbers come from `make benchmark`."""
 
@@ -8,8 +8,15 @@ import sys
 
 import pytest
 
+from fairseq_posattn.modules.position_terms.registry import REGISTRY, variant_flags
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPT = os.path.join(REPO, "scripts", "benchmark.py")
+SCRIPT = os.path.join(REPO, "scripts", "posattn_benchmark")
+sys.path.insert(0, os.path.dirname(SCRIPT))
+from posattn_benchmark.cli import parse_cli  # noqa: E402
+from posattn_benchmark.variants import (  # noqa: E402
+    POSATTN_LM_ARCH, TARGETS, TARGETS_BY_KIND, VARIANT_TARGETS, VARIANTS_BY_NAME,
+)
 TINY = ["--steps", "1", "--warmup", "0", "--decode-rounds", "1", "--embed-dim", "16", "--ffn-dim", "32",
         "--heads", "2", "--layers", "1", "--vocab-size", "64", "--max-tokens", "256", "--max-len", "24",
         "--max-positions", "32", "--decode-length", "4", "--lm-batch-size", "1", "--threads", "1"]
@@ -22,7 +29,7 @@ def test_report_of_every_group_kind_replaces_the_readme_section(tmp_path):
     readme = tmp_path / "README.md"
     readme.write_text(f"# Project\n\n## Benchmark\n\nprose\n\n{START}\nold table\n{END}\n\n## Next\n")
     output = tmp_path / "benchmark.md"
-    command = [sys.executable, SCRIPT, *TINY, "--variants", "struct-rel", "lm-conv1d",
+    command = [sys.executable, SCRIPT, *TINY, "--variants", "struct-rel", "lm-conv-1d",
                "--decode-variants", "struct-rel", "--lm", "--malloc", "reuse", "--skip-prepare",
                "--output", str(output), "--readme", str(readme)]
     completed = subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=600)
@@ -56,3 +63,19 @@ def test_readme_without_the_markers_is_refused_before_measuring(tmp_path):
     assert completed.returncode == 2
     assert f"README.md: needs exactly one line {START!r} and one line {END!r}" in completed.stderr
     assert readme.read_text() == "# Project\n"
+
+
+def test_every_registered_variant_is_benchmarked_with_its_methods_target():
+    """A registered method needs no benchmark edit: each of its variants gets a translation row (on
+    every side it takes) and a language-model row (on the decoder), checked against its kind's bound."""
+    for method in REGISTRY.values():
+        for name, values in method.variants.items():
+            target = VARIANT_TARGETS.get(name, TARGETS_BY_KIND[method.benchmark_target])
+            row = VARIANTS_BY_NAME[name]
+            assert row.flags == tuple(flag for side in method.sides for flag in variant_flags(side, values))
+            assert TARGETS[name] == target, name
+            if "decoder" in method.sides:
+                lm_row = VARIANTS_BY_NAME[f"lm-{name}"]
+                assert lm_row.arch == POSATTN_LM_ARCH and lm_row.flags == tuple(variant_flags("decoder", values))
+                assert TARGETS[lm_row.name] == target, lm_row.name
+    assert parse_cli(["--variants", *VARIANTS_BY_NAME, "--cpu"]).variants == list(VARIANTS_BY_NAME)

@@ -13,12 +13,14 @@ import torch
 from fairseq import checkpoint_utils
 
 from cli_helpers import binarize, prepare_sample, run
+from fairseq_posattn.cli.inspect import build_parser
 from fairseq_posattn.cli.inspect import main as inspect_main
 from fairseq_posattn.inspect import plots
 from fairseq_posattn.inspect.capture import Inspection, PositionalTrace, dataset_sample, inspect_model
 from fairseq_posattn.modules.attention import PositionAwareMultiheadAttention
 from fairseq_posattn.modules.position_context import PositionContext
-from model_helpers import REPO, USER_DIR, TinyTask, build_lm, build_model
+from fairseq_posattn.modules.position_terms.registry import CURVE, MATRIX, REGISTRY, method_of
+from model_helpers import REPO, USER_DIR, TinyTask, build_lm, build_model, randomized, side_flags
 
 LINES = 60
 #: one encoder layer with every sequential term and structural positions (our kernel); decoder
@@ -51,13 +53,14 @@ LSTM = ["--task", "language_modeling", "--user-dir", USER_DIR, "--arch", "positi
 TRAINED_FILES = {
     "attention": ["encoder-layer0-attention.png", "decoder-layer0-attention.png", "decoder-layer1-attention.png",
                   "cross-layer0-attention.png", "cross-layer1-attention.png"],
-    "direct": [f"{side}-layer0-direct-{what}.png" for side in ("encoder", "decoder")
-               for what in ("absolute", "relative")],
-    "temperature": ["encoder-temperature.png"],
-    "distance-aware": ["encoder-distance-aware-w-v.png", "encoder-layer0-distance-aware-coefficients.png"],
-    "conv": ["encoder-layer0-conv-filters.png", "encoder-layer0-conv-before-after.png"],
-    "relative-embeddings": [f"encoder-layer0-{table}-relative-embeddings.png"
-                            for table in ("sequential", "structural")],
+    "direct-position": [f"{side}-layer0-direct-position-{what}.png" for side in ("encoder", "decoder")
+                        for what in ("absolute", "relative")],
+    "learnable-temperature": ["encoder-learnable-temperature-per-head.png"],
+    "conv-attention": ["encoder-layer0-conv-attention-filters.png", "encoder-layer0-conv-attention-before-after.png",
+                       "encoder-conv-attention-per-head.png"],
+    "distance-aware": ["encoder-distance-aware-per-head.png", "encoder-layer0-distance-aware-coefficients.png"],
+    "relative-positions": [f"encoder-layer0-relative-positions-{table}.png" for table in ("key", "value")],
+    "structural-positions": [f"encoder-layer0-structural-positions-{table}.png" for table in ("key", "value")],
     "structure": ["structure.png"],
 }
 
@@ -160,6 +163,34 @@ def own_attention(model, net_input: Dict[str, torch.Tensor]) -> Dict[Tuple[str, 
     return expected
 
 
+def assert_json_is_the_models_parameters(numbers: Dict, attn, n: int) -> None:
+    """The trained encoder layer's parameters, as the model holds them (cropped to n positions)."""
+    absolute, relative = (term.weight.detach() for term in attn.additive_terms)
+    direct = numbers["direct-position"][0]
+    assert (direct["side"], direct["layer"], direct["positions"]) == ("encoder", 0, n)
+    assert torch.equal(torch.tensor(direct["absolute"]), absolute[:, :n, :n])
+    zero = absolute.size(1) - 1  # a^r's index of i - j = 0
+    assert torch.equal(torch.tensor(direct["relative"]), relative[:, zero - (n - 1) : zero + n])
+    assert direct["presentation"]["relative"]["ticks"] == [list(range(1 - n, n))]
+    gammas = numbers["learnable-temperature"][0]
+    assert torch.equal(torch.tensor([gammas[f"gamma_{x}"] for x in "qkv"]), attn.temperature.gamma.detach())
+    da = numbers["distance-aware"][0]
+    assert torch.equal(torch.tensor([da["w"], da["v"]]), torch.stack([attn.scaling_term.w, attn.scaling_term.v]))
+    distance = (torch.arange(n)[:, None] - torch.arange(n)[None, :]).abs()
+    w, v = attn.scaling_term.w.detach()[:, None, None], attn.scaling_term.v.detach()[:, None, None]
+    expected = (1 + torch.exp(v)) / (1 + torch.exp(v - w * distance))  # Wu et al. eq. 6
+    torch.testing.assert_close(torch.tensor(da["coefficients"]), expected)
+    conv = numbers["conv-attention"][0]
+    assert torch.equal(torch.tensor(conv["filters"]), attn.post_softmax_term.conv.weight[:, 0].detach())
+    assert torch.equal(torch.tensor(conv["bias"]), attn.post_softmax_term.conv.bias.detach())
+    shaw, structural = attn.key_value_terms
+    for method, term in (("relative-positions", shaw), ("structural-positions", structural)):
+        tables = numbers[method][0]
+        assert torch.equal(torch.tensor(tables["key"]), term.key_table.detach())
+        assert torch.equal(torch.tensor(tables["value"]), term.value_table.detach())
+        assert tables["presentation"]["key"]["ticks"][0] == list(range(-term.clip, term.clip + 1))
+
+
 def assert_json_is_the_models_attention(numbers: Dict, model, net_input: Dict[str, torch.Tensor]) -> None:
     assert numbers["source_ids"] == net_input["src_tokens"][0].tolist()
     assert numbers["decoder_ids"] == net_input["prev_output_tokens"][0].tolist()
@@ -192,14 +223,10 @@ def test_json_equals_the_models_own_attention(corpus, trained, tmp_path):
     model, task = load(trained, corpus["data_bin"])
     net_input = dataset_sample(task, "test", 3)["net_input"]
     assert_json_is_the_models_attention(numbers, model, net_input)
-    conv = numbers["conv"][0]
-    assert conv["after"] == numbers["attention"][0]["probs"]  # encoder layer 0
-    before = torch.tensor(conv["before"])
-    torch.testing.assert_close(before.sum(-1), torch.ones(before.shape[:2]))  # S is a softmax
-    n = numbers["direct"][0]["positions"]
-    assert n == len(numbers["source_ids"])
-    absolute = model.encoder.layers[0].self_attn.additive_terms[0].weight[:, :n, :n]
-    assert torch.equal(torch.tensor(numbers["direct"][0]["absolute"]), absolute.detach())
+    before_after = torch.tensor(numbers["conv-attention"][0]["before-after"])  # heads x 2 x queries x keys
+    assert before_after[:, 1].tolist() == numbers["attention"][0]["probs"]  # encoder layer 0, after
+    torch.testing.assert_close(before_after[:, 0].sum(-1), torch.ones(2, before_after.size(2)))  # S: a softmax
+    assert_json_is_the_models_parameters(numbers, model.encoder.layers[0].self_attn, len(numbers["source_ids"]))
 
 
 @pytest.mark.slow
@@ -233,12 +260,67 @@ def test_built_model_with_1d_convolutions_and_causal_terms(tmp_path):
     inspection = inspect_model(model, TinyTask(), {"net_input": net_input}, "given")
     numbers = json.loads(json.dumps(inspection.to_json(inspection.available_kinds())))
     assert_json_is_the_models_attention(numbers, model, net_input)
-    conv = {(c["side"], c["layer"]): c for c in numbers["conv"]}
-    assert np.shape(conv["encoder", 0]["weight"]) == (2, 6, 6, 3)
-    assert np.shape(conv["decoder", 0]["weight"]) == (2, 4, 4, 3)
-    paths = plots.draw(inspection, ["direct", "distance-aware", "conv"], str(tmp_path))
-    assert "decoder-layer0-conv-filters.png" in os.listdir(tmp_path)
+    conv = {(c["side"], c["layer"]): c for c in numbers["conv-attention"]}
+    assert np.shape(conv["encoder", 0]["filters"]) == (2, 3, 6, 6)  # heads x taps x output x input column
+    assert np.shape(conv["decoder", 0]["filters"]) == (2, 3, 4, 4)
+    term = model.decoder.layers[0].self_attn.post_softmax_term
+    weight = term.conv.weight.detach().view(2, term.max_positions, term.max_positions, 3)
+    assert torch.equal(torch.tensor(conv["decoder", 0]["filters"]), weight[:, :4, :4].permute(0, 3, 1, 2))
+    paths = plots.draw(inspection, ["direct-position", "distance-aware", "conv-attention"], str(tmp_path))
+    assert "decoder-layer0-conv-attention-filters.png" in os.listdir(tmp_path)
     assert_pictures(str(tmp_path), [os.path.basename(p) for p in paths])
+
+
+def assert_shown_biases_are_added(numbers: Dict, module, side: str, length: int) -> None:
+    """Each additive bias of a layer 0 shows what it adds to the logits of an unpadded sentence:
+    its (query position, key position) matrix, or its curve over i - j on every diagonal i - j."""
+    ctx = PositionContext.from_padding(torch.zeros(1, length, dtype=torch.bool), True)
+    for term in module.additive_terms:
+        bias = term(ctx, length, length)[0].detach()  # heads x queries x keys
+        entry = next(e for e in numbers[method_of(term).name] if (e["side"], e["layer"]) == (side, 0))
+        shown = [q for q in term.inspect(length) if q.layout in (MATRIX, CURVE)]
+        assert shown, f"{type(term).__name__} shows no bias"
+        for q in shown:
+            values = torch.tensor(entry[q.name])
+            if q.layout == MATRIX:
+                torch.testing.assert_close(values, bias)
+            for k, distance in enumerate(q.ticks[0] if q.layout == CURVE else ()):
+                diagonal = bias.diagonal(offset=-distance, dim1=-2, dim2=-1)  # the entries with i - j = distance
+                torch.testing.assert_close(values[:, k, None].expand_as(diagonal), diagonal)
+
+
+def test_every_registered_method_is_shown(tmp_path):
+    """Every method at once on both sides (random parameters): each is a kind of its own, from its
+    terms' quantities; the biases shown over i - j are the ones the model adds (T5's shared table
+    once per side), RoPE's pattern is its own rotation of equal contents, and every file draws."""
+    flags = [*side_flags("encoder", "combined"), *side_flags("decoder", "combined")]
+    model = randomized(build_model("transformer_posattn", flags))
+    net_input = {"src_tokens": torch.tensor([[4, 5, 6, 7, 8, 2]]), "src_lengths": torch.tensor([6]),
+                 "prev_output_tokens": torch.tensor([[2, 9, 10, 11, 12]])}
+    inspection = inspect_model(model, TinyTask(), {"net_input": net_input}, "given")
+    shown = [name for name in REGISTRY if name != "structural-positions"]  # needs parses
+    assert inspection.available_kinds() == ["attention", *shown]
+    assert build_parser().parse_args(["data", "--path", "x", "--index", "0", "--kinds", *shown]).kinds == shown
+    numbers = json.loads(json.dumps(inspection.to_json(inspection.available_kinds())))
+    assert_json_is_the_models_attention(numbers, model, net_input)
+    for side, length in (("encoder", 6), ("decoder", 5)):
+        layer = getattr(model, side).layers[0].self_attn
+        assert_shown_biases_are_added(numbers, layer, side, length)
+        rotary = layer.query_key_terms[0]
+        ones = torch.ones(1, 1, length, rotary.head_dim)
+        q, k = rotary(ones, ones, PositionContext.from_padding(torch.zeros(1, length, dtype=torch.bool), True))
+        logits = (q @ k.transpose(-1, -2))[0] / rotary.head_dim
+        pattern = torch.tensor(next(e for e in numbers["rotary"] if e["side"] == side)["angle-pattern"])[0]
+        for k, distance in enumerate(range(1 - length, length)):
+            diagonal = logits.diagonal(offset=-distance, dim1=-2, dim2=-1)[0]
+            torch.testing.assert_close(pattern[k].expand_as(diagonal), diagonal)
+    assert [(e["side"], e["layer"]) for e in numbers["t5-relative-bias"]] == [("encoder", 0), ("decoder", 0)]
+    paths = plots.draw(inspection, inspection.available_kinds(), str(tmp_path))
+    names = {os.path.basename(p) for p in paths}
+    assert {"encoder-layer0-t5-relative-bias-table.png", "decoder-layer1-alibi-bias.png",
+            "encoder-layer1-rotary-angle-pattern.png", "decoder-learnable-temperature-per-head.png"} <= names
+    assert sorted(names) == sorted(os.listdir(tmp_path))
+    assert_pictures(str(tmp_path), sorted(names))
 
 
 def test_transformer_language_model_has_causal_decoder_maps():
@@ -251,7 +333,7 @@ def test_transformer_language_model_has_causal_decoder_maps():
     for m in inspection.attention:
         assert torch.equal(m.probs.triu(diagonal=1), torch.zeros(2, 5, 5))
         torch.testing.assert_close(m.probs.sum(-1), torch.ones(2, 5))
-    assert inspection.available_kinds() == ["attention", "direct"]
+    assert inspection.available_kinds() == ["attention", "direct-position"]
 
 
 def test_long_sentences_label_every_kth_token_and_stay_bounded(tmp_path):

@@ -2,12 +2,15 @@
 
 Loads a checkpoint with the data directory it was trained on, runs the model once on one sentence
 (``--sentence``, BPE'd as the training data, or ``--index`` of a split) and writes, per kind:
-attention maps of every layer and head (encoder and decoder self-attention, cross-attention), the
-learned direct position parameters (A^p, a^r), temperatures, distance-aware w, v and coefficients,
-convolution filters with the attention before and after the convolution, Shaw's and the structural
-relative embeddings, the sentence's structural positions (``--task translation_structural``) and
-the positional attentive LSTM LM's mu, sigma and Gaussian attention. See
-:mod:`fairseq_posattn.inspect.plots` for the file names.
+attention maps of every layer and head (encoder and decoder self-attention, cross-attention),
+what each position method's terms have learned (one kind per method, named as the method: e.g.
+direct-position shows A^p and a^r, learnable-temperature the gammas, distance-aware w, v and the
+coefficients, conv-attention the filters and the attention before and after the convolution,
+relative-positions and structural-positions the key/value embeddings, t5-relative-bias its table
+and bias over i - j, alibi its bias over i - j, rotary the rotation's effect on the logits), the
+sentence's structural positions (``--task translation_structural``) and the positional attentive
+LSTM LM's mu, sigma and Gaussian attention. See :mod:`fairseq_posattn.inspect.plots` for the file
+names.
 
 A translation model's decoder is fed (teacher-forced) ``--target``, else the reference of
 ``--index``, else the model's own beam-search translation. The plugin is imported here: no
@@ -26,8 +29,8 @@ from omegaconf import open_dict
 from torch import nn
 
 from fairseq_posattn.cli import setup_logging
-from fairseq_posattn.inspect.capture import (KINDS, Inspection, add_decoder_input, dataset_sample,
-                                             inspect_model, sentence_sample)
+from fairseq_posattn.inspect.capture import (Inspection, add_decoder_input, dataset_sample, inspect_model,
+                                             kinds, sentence_sample)
 
 logger = logging.getLogger("posattn-inspect")
 JSON_NAME = "inspection.json"
@@ -48,10 +51,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--beam", type=int, default=5, help="beam size of that translation (default: 5)")
     parser.add_argument("--task", help="use this task instead of the checkpoint's, e.g. translation_structural "
                                        "to parse the sentence with spaCy for the structure picture")
-    parser.add_argument("--kinds", nargs="+", choices=KINDS, metavar="KIND",
-                        help=f"what to draw, of: {', '.join(KINDS)} (default: all that the model has)")
-    parser.add_argument("--positions", type=int, help="positions shown of position-indexed parameters (A^p, "
-                        "a^r, DA coefficients, 1d filters; default: the sentence length)")
+    parser.add_argument("--kinds", nargs="+", choices=kinds(), metavar="KIND",
+                        help=f"what to draw, of: {', '.join(kinds())} (default: all that the model has)")
+    parser.add_argument("--positions", type=int, help="positions shown of position-indexed quantities (A^p, "
+                        "a^r, DA coefficients, 1d filters, biases over i - j; default: the sentence length)")
     parser.add_argument("--output-dir", default="inspect-output", help="where the files go (default: inspect-output)")
     parser.add_argument("--format", choices=["png", "json"], default="png",
                         help=f"png pictures, or the same numbers as {JSON_NAME} (default: png)")
@@ -81,7 +84,7 @@ def chosen_kinds(requested: Optional[List[str]], inspection: Inspection) -> List
     if missing:
         raise ValueError(f"nothing to draw for {', '.join(missing)}: this model and input have only "
                          f"{', '.join(available) or 'none of the kinds'}")
-    return [kind for kind in KINDS if kind in requested]
+    return [kind for kind in kinds() if kind in requested]
 
 
 def write_json(inspection: Inspection, kinds: List[str], args: argparse.Namespace) -> str:

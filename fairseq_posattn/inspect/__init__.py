@@ -5,6 +5,6 @@ numbers; :mod:`~fairseq_posattn.inspect.plots` draws them; ``posattn-inspect``
 (:mod:`fairseq_posattn.cli.inspect`) does both from the command line.
 """
 
-from fairseq_posattn.inspect.capture import KINDS, Inspection, inspect_model
+from fairseq_posattn.inspect.capture import Inspection, inspect_model, kinds
 
-__all__ = ["KINDS", "Inspection", "inspect_model"]
+__all__ = ["Inspection", "inspect_model", "kinds"]

@@ -6,9 +6,10 @@
   was given (the position context of our kernel still bound), with ``need_head_weights=True``. For
   our kernel (:class:`~fairseq_posattn.modules.attention.PositionAwareMultiheadAttention`) that call
   also leaves the softmax S *before* the post-softmax transform in ``last_softmax``.
-- **Learned position parameters** of every self-attention layer with position terms: ``A^p`` and
-  ``a^r`` (cropped to the positions shown), the temperatures, DA's ``w``, ``v`` and re-scaled
-  coefficient matrix, the convolution filters, Shaw's (and the structural) key/value tables.
+- **Learned position quantities** of every position term of every self-attention layer, as the
+  term returns them from ``inspect(positions)`` (:class:`~fairseq_posattn.modules.position_terms.
+  registry.Quantity` records: named arrays with a generic layout), under the name of the term's
+  registered method; a post-softmax transform also shows the attention before and after it.
 - **Structural positions** of the source (``--task translation_structural``): token depths and
   the relative structural matrix next to the sequential one.
 - **Positional attentive LSTM LM** (Dagan 2019): ``mu_t``, ``sigma_t`` and the Gaussian attention
@@ -18,10 +19,10 @@ Everything is for batch row 0 of a one-sentence sample, as tensors on the CPU.
 """
 
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 from inspect import signature
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 from fairseq.models import FairseqEncoderDecoderModel
@@ -32,20 +33,25 @@ from torch import Tensor, nn
 from fairseq_posattn.models.attentive_lstm_lm import PositionalAttention
 from fairseq_posattn.models.position_options import side_defaults
 from fairseq_posattn.modules.attention import PositionAwareMultiheadAttention
-from fairseq_posattn.modules.position_context import PositionContext, structural_relative
-from fairseq_posattn.modules.position_terms.convolution import ConvolvedAttention1d, ConvolvedAttention2d
-from fairseq_posattn.modules.position_terms.direct import DirectAbsolutePositionBias, DirectRelativePositionBias
-from fairseq_posattn.modules.position_terms.structural import StructuralRelativeEmbeddings
+from fairseq_posattn.modules.position_context import structural_relative
+from fairseq_posattn.modules.position_terms.base import PostSoftmaxTransform
+from fairseq_posattn.modules.position_terms.registry import MATRIX, REGISTRY, Quantity, method_of
 
-#: what can be drawn (and written as JSON), in drawing order
-KINDS = ("attention", "direct", "temperature", "distance-aware", "conv", "relative-embeddings",
-         "structure", "lstm")
+#: kinds that every model may have, whatever its position methods: (before them, after them)
+GENERIC_KINDS = (("attention",), ("structure", "lstm"))
 #: sides of the attention maps, in drawing order
 SIDES = ("encoder", "decoder", "cross")
 #: decoding limits for the model's own translation: max length = MAX_LEN_A * source + MAX_LEN_B
 MAX_LEN_A, MAX_LEN_B = 1.5, 10
 
 Sample = Dict[str, Any]
+
+
+def kinds() -> Tuple[str, ...]:
+    """What can be drawn (and written as JSON), in drawing order: the attention maps, then each
+    registered position method (what its terms' ``inspect`` returns), then the traces."""
+    before, after = GENERIC_KINDS
+    return (*before, *REGISTRY, *after)
 
 
 # ------------------------------------------------------------------------------------ records
@@ -68,47 +74,25 @@ class AttentionMap:
 
 
 @dataclass
-class RelativeTable:
-    """Shaw-style key/value embeddings; row ``b`` is the bucket of ``j - i = b - clip``
-    (sequential) or of the relative structural position ``b - clip`` (structural)."""
-
-    name: str  # "sequential" or "structural"
-    clip: int
-    key: Tensor
-    value: Tensor
-
-    def to_json(self) -> Dict[str, Any]:
-        return {"table": self.name, "clip": self.clip, "key": self.key.tolist(), "value": self.value.tolist()}
-
-
-@dataclass
-class LayerTerms:
-    """The learned position parameters of one self-attention layer, cropped to ``positions``.
-
-    Shapes (H heads, n positions, k kernel width, d head size): ``direct_absolute`` H x n x n
-    (``A^p[:n, :n]``); ``direct_relative`` H x (2n - 1) over ``i - j = -(n - 1) .. n - 1``;
-    ``temperature`` 3 x H (gamma_q, gamma_k, gamma_v); ``da_w``, ``da_v`` H; ``da_coefficients``
-    H x n x n (``Rhat``); ``conv_weight`` H x k x k (2d) or H x n x n x k (1d: output column, input
-    column, tap); ``conv_bias`` H (2d) or H x n (1d).
-    """
+class TermQuantities:
+    """What the position terms of one method in one self-attention layer show: the
+    :class:`Quantity` records of the terms' ``inspect``, under the method's name. ``positions`` is
+    the number of positions asked for (a term built for fewer positions shows its t)."""
 
     side: str
     layer: int
+    method: str
     positions: int
-    direct_absolute: Optional[Tensor] = None
-    direct_relative: Optional[Tensor] = None
-    temperature: Optional[Tensor] = None
-    da_w: Optional[Tensor] = None
-    da_v: Optional[Tensor] = None
-    da_coefficients: Optional[Tensor] = None
-    conv: Optional[str] = None
-    conv_weight: Optional[Tensor] = None
-    conv_bias: Optional[Tensor] = None
-    relative_tables: List[RelativeTable] = field(default_factory=list)
+    quantities: List[Quantity]
 
-    def distances(self) -> List[int]:
-        """``i - j`` of the entries of ``direct_relative``."""
-        return list(range(-(self.positions - 1), self.positions))
+    def to_json(self) -> Dict[str, Any]:
+        """The values by quantity name, and how each is laid out."""
+        out: Dict[str, Any] = {"side": self.side, "layer": self.layer, "positions": self.positions}
+        out.update((q.name, q.values.tolist()) for q in self.quantities)
+        out["presentation"] = {q.name: {"layout": q.layout, "title": q.title, "axes": list(q.axes),
+                                        "ticks": [list(t) for t in q.ticks], "panels": list(q.panels)}
+                               for q in self.quantities}
+        return out
 
 
 @dataclass
@@ -157,7 +141,7 @@ class Inspection:
     decoder_ids: List[int]
     decoder_input: str  # where the decoder input came from: given, reference, translation; LM: input
     attention: List[AttentionMap]
-    terms: List[LayerTerms]
+    terms: List[TermQuantities]
     structure: Optional[StructureTrace] = None
     lstm: Optional[PositionalTrace] = None
 
@@ -165,82 +149,26 @@ class Inspection:
         return self.source_tokens if side == "encoder" else self.decoder_tokens
 
     def available_kinds(self) -> List[str]:
-        has = {
-            "attention": bool(self.attention),
-            "direct": any(t.direct_absolute is not None or t.direct_relative is not None for t in self.terms),
-            "temperature": any(t.temperature is not None for t in self.terms),
-            "distance-aware": any(t.da_w is not None for t in self.terms),
-            "conv": any(t.conv is not None for t in self.terms),
-            "relative-embeddings": any(t.relative_tables for t in self.terms),
-            "structure": self.structure is not None,
-            "lstm": self.lstm is not None,
-        }
-        return [kind for kind in KINDS if has[kind]]
+        has = {"attention": bool(self.attention), "structure": self.structure is not None,
+               "lstm": self.lstm is not None}
+        methods = {t.method for t in self.terms}
+        return [kind for kind in kinds() if has.get(kind, kind in methods)]
 
-    def conv_maps(self, terms: LayerTerms) -> AttentionMap:
-        """The attention map (S before and probabilities after the convolution) of a conv layer."""
-        return next(m for m in self.attention if (m.side, m.layer) == (terms.side, terms.layer))
-
-    def to_json(self, kinds: Sequence[str]) -> Dict[str, Any]:
-        """The numbers behind the plots of ``kinds`` (plain lists, JSON-ready)."""
+    def to_json(self, selected: Sequence[str]) -> Dict[str, Any]:
+        """The numbers behind the plots of the ``selected`` kinds (plain lists, JSON-ready)."""
         out: Dict[str, Any] = {
             "source_tokens": self.source_tokens, "source_ids": self.source_ids,
             "decoder_tokens": self.decoder_tokens, "decoder_ids": self.decoder_ids,
             "decoder_input": self.decoder_input,
         }
-        for kind in kinds:
-            out[kind] = JSON_WRITERS[kind](self)
+        for kind in selected:
+            if kind == "attention":
+                out[kind] = [m.to_json() for m in self.attention]
+            elif kind in ("structure", "lstm"):
+                out[kind] = getattr(self, kind).to_json()
+            else:
+                out[kind] = [t.to_json() for t in self.terms if t.method == kind]
         return out
-
-
-def _direct_json(inspection: Inspection) -> List[Dict[str, Any]]:
-    return [{"side": t.side, "layer": t.layer, "positions": t.positions,
-             "absolute": _listed(t.direct_absolute), "relative_distances": t.distances(),
-             "relative": _listed(t.direct_relative)}
-            for t in inspection.terms if t.direct_absolute is not None or t.direct_relative is not None]
-
-
-def _temperature_json(inspection: Inspection) -> List[Dict[str, Any]]:
-    return [{"side": t.side, "layer": t.layer, "gamma_q": t.temperature[0].tolist(),
-             "gamma_k": t.temperature[1].tolist(), "gamma_v": t.temperature[2].tolist()}
-            for t in inspection.terms if t.temperature is not None]
-
-
-def _distance_aware_json(inspection: Inspection) -> List[Dict[str, Any]]:
-    return [{"side": t.side, "layer": t.layer, "w": t.da_w.tolist(), "v": t.da_v.tolist(),
-             "coefficients": t.da_coefficients.tolist()}
-            for t in inspection.terms if t.da_w is not None]
-
-
-def _conv_json(inspection: Inspection) -> List[Dict[str, Any]]:
-    entries = []
-    for t in (t for t in inspection.terms if t.conv is not None):
-        maps = inspection.conv_maps(t)
-        entries.append({"side": t.side, "layer": t.layer, "kind": t.conv, "positions": t.positions,
-                        "weight": t.conv_weight.tolist(), "bias": t.conv_bias.tolist(),
-                        "before": maps.softmax.tolist(), "after": maps.probs.tolist()})
-    return entries
-
-
-def _relative_json(inspection: Inspection) -> List[Dict[str, Any]]:
-    return [dict(table.to_json(), side=t.side, layer=t.layer)
-            for t in inspection.terms for table in t.relative_tables]
-
-
-def _listed(tensor: Optional[Tensor]) -> Optional[list]:
-    return None if tensor is None else tensor.tolist()
-
-
-JSON_WRITERS: Dict[str, Callable[[Inspection], Any]] = {
-    "attention": lambda i: [m.to_json() for m in i.attention],
-    "direct": _direct_json,
-    "temperature": _temperature_json,
-    "distance-aware": _distance_aware_json,
-    "conv": _conv_json,
-    "relative-embeddings": _relative_json,
-    "structure": lambda i: i.structure.to_json(),
-    "lstm": lambda i: i.lstm.to_json(),
-}
 
 
 # ------------------------------------------------------------------------------------ inputs
@@ -391,49 +319,44 @@ class PositionalRecorder:
 
 
 # ------------------------------------------------------------------------------------ parameters
-def layer_terms(side: str, layer: int, module: PositionAwareMultiheadAttention, positions: int) -> LayerTerms:
-    """The position parameters of one of our attention modules, cropped to ``positions`` (at most
-    the t of its terms)."""
-    terms = [*module.additive_terms, module.post_softmax_term]
-    n = min([positions] + [t.max_positions for t in terms if hasattr(t, "max_positions")])
-    found = LayerTerms(side, layer, n)
-    for term in module.additive_terms:
-        if isinstance(term, DirectAbsolutePositionBias):
-            found.direct_absolute = term.weight[:, :n, :n].detach()
-        elif isinstance(term, DirectRelativePositionBias):
-            zero = term.max_positions - 1  # a^r index of i - j = 0
-            found.direct_relative = term.weight[:, zero - (n - 1) : zero + n].detach()
-    if module.temperature is not None:
-        found.temperature = module.temperature.gamma.detach()
-    if module.scaling_term is not None:
-        da = module.scaling_term
-        found.da_w, found.da_v = da.w.detach(), da.v.detach()
-        unpadded = PositionContext.from_padding(torch.zeros(1, n, dtype=torch.bool, device=da.w.device), True)
-        found.da_coefficients = da.coefficients(unpadded, n, n).detach()
-    _add_conv(found, module.post_softmax_term, n)
-    for term in module.key_value_terms:
-        name = "structural" if isinstance(term, StructuralRelativeEmbeddings) else "sequential"
-        found.relative_tables.append(RelativeTable(name, term.clip, term.key_table.detach(),
-                                                   term.value_table.detach()))
-    return found
+def kernel_terms(module: PositionAwareMultiheadAttention) -> List[nn.Module]:
+    """The position terms of one of our attention modules, of every kind."""
+    single = [module.scaling_term, module.post_softmax_term, module.temperature]
+    return [*module.query_key_terms, *module.additive_terms, *module.key_value_terms,
+            *(term for term in single if term is not None)]
 
 
-def _add_conv(found: LayerTerms, term: Optional[nn.Module], n: int) -> None:
-    if isinstance(term, ConvolvedAttention2d):
-        found.conv, found.conv_weight, found.conv_bias = "2d", term.conv.weight[:, 0].detach(), term.conv.bias.detach()
-    elif isinstance(term, ConvolvedAttention1d):
-        heads, t = term.num_heads, term.max_positions
-        weight = term.conv.weight.view(heads, t, t, term.kernel_size)[:, :n, :n]
-        found.conv, found.conv_weight = "1d", weight.detach()
-        found.conv_bias = term.conv.bias.view(heads, t)[:, :n].detach()
+def before_after(term: nn.Module, maps: Sequence[AttentionMap], side: str, layer: int,
+                 tokens: List[str]) -> List[Quantity]:
+    """For a post-softmax transform: the softmax S before it and the attention after it, per head
+    (heads x 2 x queries x keys)."""
+    if not isinstance(term, PostSoftmaxTransform):
+        return []
+    found = next(m for m in maps if (m.side, m.layer) == (side, layer))
+    return [Quantity("before-after", torch.stack([found.softmax, found.probs], dim=1), MATRIX,
+                     "attention before (S) and after the transform", axes=("query", "key"),
+                     ticks=(tokens, tokens), panels=("before (S)", "after"), signed=False)]
 
 
-def all_layer_terms(model: nn.Module, lengths: Dict[str, int], positions: Optional[int]) -> List[LayerTerms]:
-    """:func:`layer_terms` of every self-attention layer with position terms; ``positions``
-    defaults to the side's sentence length."""
-    return [layer_terms(side, layer, module, positions or lengths[side])
-            for side, layer, module in attention_modules(model)
-            if isinstance(module, PositionAwareMultiheadAttention)]
+def all_term_quantities(model: nn.Module, maps: Sequence[AttentionMap], tokens: Dict[str, List[str]],
+                        positions: Optional[int]) -> List[TermQuantities]:
+    """What the position terms of every self-attention layer show, one record per side, layer and
+    method (a term shared by layers, once, at its first layer); ``positions`` defaults to the side's
+    sentence length."""
+    found: Dict[Tuple[str, int, str], TermQuantities] = {}
+    seen = set()
+    for side, layer, module in attention_modules(model):
+        if not isinstance(module, PositionAwareMultiheadAttention):
+            continue
+        n = positions or len(tokens[side])
+        for term in (t for t in kernel_terms(module) if id(t) not in seen):
+            seen.add(id(term))
+            quantities = term.inspect(n) + before_after(term, maps, side, layer, tokens[side])
+            if quantities:
+                method = method_of(term).name
+                record = found.setdefault((side, layer, method), TermQuantities(side, layer, method, n, []))
+                record.quantities += quantities
+    return list(found.values())
 
 
 def structure_trace(model: nn.Module, net_input: Dict[str, Tensor], tokens: List[str]) -> Optional[StructureTrace]:
@@ -457,14 +380,14 @@ def inspect_model(model: nn.Module, task: Any, sample: Sample, decoder_input: st
     net_input = sample["net_input"]
     with torch.no_grad(), AttentionRecorder(model) as recorder, PositionalRecorder(model) as lstm:
         model(**net_input)
-        lengths = {"encoder": net_input["src_tokens"].size(1), "decoder": _decoder_ids(net_input).numel()}
-        terms = all_layer_terms(model, lengths, positions)
     source_ids = net_input["src_tokens"][0].tolist() if is_encoder_decoder(model) else []
     decoder_ids = _decoder_ids(net_input).tolist()
     source_tokens = [task.source_dictionary[i] for i in source_ids]
     decoder_tokens = [task.target_dictionary[i] for i in decoder_ids]
-    inspection = Inspection(source_tokens, source_ids, decoder_tokens, decoder_ids, decoder_input,
-                            recorder.sorted_maps(), terms)
+    maps = recorder.sorted_maps()
+    with torch.no_grad():
+        terms = all_term_quantities(model, maps, {"encoder": source_tokens, "decoder": decoder_tokens}, positions)
+    inspection = Inspection(source_tokens, source_ids, decoder_tokens, decoder_ids, decoder_input, maps, terms)
     if is_encoder_decoder(model):
         inspection.structure = structure_trace(model, net_input, source_tokens)
     if lstm.trace is not None:

@@ -4,16 +4,14 @@ Files written into the output directory, by kind (``{side}`` is ``encoder``, ``d
 attention maps, ``cross``; ``{l}`` the 0-based layer):
 
 - ``attention``: ``{side}-layer{l}-attention.png``, a grid of heads, BPE pieces on both axes;
-- ``direct``: ``{side}-layer{l}-direct-absolute.png`` (``A^p`` per head) and
-  ``{side}-layer{l}-direct-relative.png`` (``a^r`` per head over ``i - j``);
-- ``temperature``: ``{side}-temperature.png`` (gamma_q, gamma_k, gamma_v per layer and head);
-- ``distance-aware``: ``{side}-distance-aware-w-v.png`` (w and v of every head, sorted, as Wu et al.
-  2021 Figures 6-7) and ``{side}-layer{l}-distance-aware-coefficients.png`` (the re-scaled
-  coefficient matrix ``Rhat`` per head);
-- ``conv``: ``{side}-layer{l}-conv-filters.png`` and ``{side}-layer{l}-conv-before-after.png``
-  (S before and the attention after the convolution, per head);
-- ``relative-embeddings``: ``{side}-layer{l}-{sequential,structural}-relative-embeddings.png``
-  (the key and value tables over the clipped distance);
+- a registered position method (its name, e.g. ``direct-position``): what its terms' ``inspect``
+  returns, drawn by layout (:mod:`fairseq_posattn.modules.position_terms.registry`):
+  ``{side}-layer{l}-{method}-{quantity}.png`` for a matrix (a heatmap per head, e.g. ``A^p``, the
+  distance-aware coefficients, the convolution filters, the attention before and after a
+  post-softmax transform), a curve (a line per head, e.g. ``a^r`` over ``i - j``) or a table (e.g.
+  Shaw's key and value embeddings per clipped distance), and ``{side}-{method}-per-head.png`` for
+  the per-head scalars of every layer of the side, sorted (e.g. the temperatures, distance-aware w
+  and v, as Wu et al. 2021 Figures 6-7); a term shared by the layers is drawn at its first layer;
 - ``structure``: ``structure.png`` (sequential positions and tree depths per token, the sequential
   and the structural relative position matrices, as Wang et al. 2019 Figure 1);
 - ``lstm``: ``lstm-positional-attention.png`` (mu and sigma per step, the Gaussian attention over
@@ -25,8 +23,9 @@ that at most ``MAX_TICKS`` labels show.
 
 import math
 import os
+import textwrap
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import matplotlib
 
@@ -37,7 +36,8 @@ from matplotlib.axes import Axes  # noqa: E402
 from matplotlib.axis import Axis  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-from fairseq_posattn.inspect.capture import AttentionMap, Inspection, LayerTerms, RelativeTable  # noqa: E402
+from fairseq_posattn.inspect.capture import AttentionMap, Inspection, TermQuantities  # noqa: E402
+from fairseq_posattn.modules.position_terms.registry import BARS, CURVE, MATRIX, TABLE, Quantity  # noqa: E402
 
 FONT_SIZE = 8
 MAX_TICKS = 40
@@ -45,7 +45,9 @@ MAX_COLUMNS = 4
 PANEL_INCHES = (2.6, 7.0)
 INCHES_PER_CELL = 0.15
 ANNOTATE_CELLS = 32  # write the values into the cells of matrices up to this size
+ANNOTATE_SMALL = 8  # the same, for learned quantities (filters, short sentences)
 DPI = 100
+CHARACTERS_PER_INCH = 12  # of a figure title: longer titles wrap
 ATTENTION_CMAP = "viridis"
 SIGNED_CMAP = "RdBu_r"
 SIDE_TITLES = {"encoder": "encoder self-attention", "decoder": "decoder self-attention",
@@ -131,7 +133,7 @@ def heatmap_grid(panels: Sequence[Panel], title: str, path: str, cmap: str = ATT
         ax.set_xlabel(xlabel, fontsize=FONT_SIZE)
     for ax in axes[:, 0]:
         ax.set_ylabel(ylabel, fontsize=FONT_SIZE)
-    fig.suptitle(title, fontsize=FONT_SIZE + 2)
+    fig.suptitle(textwrap.fill(title, int(CHARACTERS_PER_INCH * fig.get_figwidth())), fontsize=FONT_SIZE + 2)
     save(fig, path)
 
 
@@ -152,35 +154,9 @@ def sorted_bars(series: Dict[str, Tuple[List[str], np.ndarray]], title: str, pat
     save(fig, path)
 
 
-def grouped_bars(labels: List[str], groups: Dict[str, np.ndarray], title: str, path: str) -> None:
-    width = 0.8 / len(groups)
-    fig, ax = plt.subplots(figsize=(min(16.0, max(4.0, 0.45 * len(labels) + 1.5)), 3.6),
-                           constrained_layout=True)
-    for k, (name, values) in enumerate(groups.items()):
-        ax.bar(np.arange(len(labels)) + (k - (len(groups) - 1) / 2) * width, values, width, label=name)
-    ax.set_xticks(range(len(labels)))
-    ax.set_xticklabels(labels, rotation=90, fontsize=FONT_SIZE)
-    ax.tick_params(axis="y", labelsize=FONT_SIZE)
-    ax.legend(fontsize=FONT_SIZE, ncol=len(groups), loc="lower center", bbox_to_anchor=(0.5, 1.0))
-    fig.suptitle(title, fontsize=FONT_SIZE + 2)
-    save(fig, path)
-
-
 def save(fig: Figure, path: str) -> None:
     fig.savefig(path, dpi=DPI)
     plt.close(fig)
-
-
-def head_labels(terms: Sequence[LayerTerms], heads: int) -> List[str]:
-    return [f"L{t.layer}H{h}" for t in terms for h in range(heads)]
-
-
-def by_side(terms: Sequence[LayerTerms], present: Callable[[LayerTerms], bool]) -> Dict[str, List[LayerTerms]]:
-    sides: Dict[str, List[LayerTerms]] = {}
-    for t in terms:
-        if present(t):
-            sides.setdefault(t.side, []).append(t)
-    return sides
 
 
 # ------------------------------------------------------------------------------------ kinds
@@ -202,123 +178,94 @@ def attention_labels(inspection: Inspection, m: AttentionMap) -> Tuple[List[str]
     return queries, keys
 
 
-def draw_direct(inspection: Inspection, out: str) -> List[str]:
+def draw_method(inspection: Inspection, method: str, out: str) -> List[str]:
+    """What the terms of a registered method show: a file per quantity and layer, and one per side
+    for the per-head scalars (every layer's heads together)."""
+    entries = [t for t in inspection.terms if t.method == method]
     paths = []
-    for t in inspection.terms:
-        prefix = os.path.join(out, f"{t.side}-layer{t.layer}-direct")
-        if t.direct_absolute is not None:
-            labels = positions(t.positions)
-            panels = [Panel(a.numpy(), f"head {h}", labels, labels) for h, a in enumerate(t.direct_absolute)]
-            heatmap_grid(panels, f"{t.side} layer {t.layer}: learned A^p (first {t.positions} positions)",
-                         f"{prefix}-absolute.png", cmap=SIGNED_CMAP, signed=True,
-                         xlabel="key position j", ylabel="query position i")
-            paths.append(f"{prefix}-absolute.png")
-        if t.direct_relative is not None:
-            relative_curves(t, f"{prefix}-relative.png")
-            paths.append(f"{prefix}-relative.png")
+    for t in entries:
+        for q in t.quantities:
+            if q.layout != BARS:
+                path = os.path.join(out, f"{t.side}-layer{t.layer}-{method}-{q.name}.png")
+                LAYOUT_DRAWERS[q.layout](q, f"{method}, {t.side} layer {t.layer}: {q.title}", path)
+                paths.append(path)
+    for side, series in per_head_series(entries).items():
+        path = os.path.join(out, f"{side}-{method}-per-head.png")
+        sorted_bars(series, f"{method}, {side}: per layer and head, sorted", path)
+        paths.append(path)
     return paths
 
 
-def relative_curves(t: LayerTerms, path: str) -> None:
-    """``a^r`` of every head over ``i - j``."""
-    distances = t.distances()
-    fig, ax = plt.subplots(figsize=(min(12.0, max(5.0, 0.12 * len(distances) + 3.0)), 3.8),
+def per_head_series(entries: Sequence[TermQuantities]) -> Dict[str, Dict[str, Tuple[List[str], np.ndarray]]]:
+    """Per side, each per-head quantity of every layer as one series labelled ``L{layer}H{head}``."""
+    sides: Dict[str, Dict[str, Tuple[List[str], List[float]]]] = {}
+    for t in entries:
+        for q in (q for q in t.quantities if q.layout == BARS):
+            labels, values = sides.setdefault(t.side, {}).setdefault(q.title, ([], []))
+            labels += [f"L{t.layer}H{h}" for h in range(q.values.numel())]
+            values += q.values.float().tolist()
+    return {side: {name: (labels, np.array(values)) for name, (labels, values) in series.items()}
+            for side, series in sides.items()}
+
+
+def tick_labels(q: Quantity, axis: int, size: int) -> List[str]:
+    """Labels of the ``axis``-th axis of ``q`` (its ``ticks``, else 0 .. size - 1)."""
+    return [str(tick) for tick in q.ticks[axis]] if len(q.ticks) > axis else positions(size)
+
+
+def colours(q: Quantity) -> Dict[str, Any]:
+    return {"cmap": SIGNED_CMAP if q.signed else ATTENTION_CMAP, "signed": q.signed}
+
+
+def draw_matrix_quantity(q: Quantity, title: str, path: str) -> None:
+    """Heads x rows x columns: a heatmap per head on one colour scale. Heads x panels x rows x
+    columns: a grid row per panel (each on its own colour scale), a column per head."""
+    values = q.values.float().numpy()
+    rows, columns = (tick_labels(q, axis, size) for axis, size in enumerate(values.shape[-2:]))
+    small = max(values.shape[-2:]) <= ANNOTATE_SMALL
+    axes = {"ylabel": q.axes[0], "xlabel": q.axes[1]}
+    if values.ndim == 3:
+        panels = [Panel(m, f"head {h}", rows, columns) for h, m in enumerate(values)]
+        heatmap_grid(panels, title, path, annotate=small, **colours(q), **axes)
+        return
+    heads = values.shape[0]
+    panels = [Panel(values[h, p], f"head {h}, {name}", rows, columns)
+              for p, name in enumerate(q.panels) for h in range(heads)]
+    heatmap_grid(panels, title, path, annotate=small, columns=heads, row_scales=True, **colours(q), **axes)
+
+
+def draw_curve(q: Quantity, title: str, path: str) -> None:
+    """Heads x points: one curve per head over ``ticks[0]``."""
+    points, values = list(q.ticks[0]), q.values.float().numpy()
+    fig, ax = plt.subplots(figsize=(min(12.0, max(5.0, 0.12 * len(points) + 3.0)), 3.8),
                            constrained_layout=True)
-    for h, values in enumerate(t.direct_relative.numpy()):
-        ax.plot(distances, values, marker="o", markersize=2.5, linewidth=1.0, label=f"head {h}")
+    for h, row in enumerate(values):
+        ax.plot(points, row, marker="o", markersize=2.5, linewidth=1.0, label=f"head {h}")
     ax.axhline(0.0, color="black", linewidth=0.6)
-    ax.axvline(0.0, color="grey", linewidth=0.6, linestyle=":")
-    ax.set_xlabel("i - j (query position minus key position)", fontsize=FONT_SIZE)
-    ax.set_ylabel("a^r", fontsize=FONT_SIZE)
+    if min(points) <= 0 <= max(points):
+        ax.axvline(0.0, color="grey", linewidth=0.6, linestyle=":")
+    ax.set_xlabel(q.axes[0], fontsize=FONT_SIZE)
+    ax.set_ylabel(q.axes[1], fontsize=FONT_SIZE)
     ax.tick_params(labelsize=FONT_SIZE)
-    ax.legend(fontsize=FONT_SIZE, ncol=min(4, len(t.direct_relative)))
-    ax.set_title(f"{t.side} layer {t.layer}: learned a^r", fontsize=FONT_SIZE + 2)
+    if len(values) > 1:
+        ax.legend(fontsize=FONT_SIZE, ncol=min(4, len(values)))
+    ax.set_title(title, fontsize=FONT_SIZE + 2)
     save(fig, path)
 
 
-def draw_temperature(inspection: Inspection, out: str) -> List[str]:
-    paths = []
-    for side, terms in by_side(inspection.terms, lambda t: t.temperature is not None).items():
-        gammas = np.concatenate([t.temperature.numpy() for t in terms], axis=1)  # 3 x (layers * heads)
-        path = os.path.join(out, f"{side}-temperature.png")
-        grouped_bars(head_labels(terms, terms[0].temperature.size(1)),
-                     dict(zip(("gamma_q", "gamma_k", "gamma_v"), gammas)),
-                     f"{side}: learned temperatures per layer and head", path)
-        paths.append(path)
-    return paths
+def draw_table(q: Quantity, title: str, path: str) -> None:
+    """Rows x columns: one heatmap."""
+    values = q.values.float().numpy()
+    rows, columns = (tick_labels(q, axis, size) for axis, size in enumerate(values.shape))
+    heatmap_grid([Panel(values, q.name, rows, columns)], title, path, ylabel=q.axes[0], xlabel=q.axes[1],
+                 annotate=max(values.shape) <= ANNOTATE_SMALL, **colours(q))
 
 
-def draw_distance_aware(inspection: Inspection, out: str) -> List[str]:
-    paths = []
-    for side, terms in by_side(inspection.terms, lambda t: t.da_w is not None).items():
-        labels = head_labels(terms, terms[0].da_w.numel())
-        series = {"w": (labels, np.concatenate([t.da_w.numpy() for t in terms])),
-                  "v": (labels, np.concatenate([t.da_v.numpy() for t in terms]))}
-        path = os.path.join(out, f"{side}-distance-aware-w-v.png")
-        sorted_bars(series, f"{side}: distance-aware w and v of every head, sorted", path)
-        paths.append(path)
-        for t in terms:
-            labels = positions(t.positions)
-            panels = [Panel(c.numpy(), f"head {h}", labels, labels) for h, c in enumerate(t.da_coefficients)]
-            path = os.path.join(out, f"{side}-layer{t.layer}-distance-aware-coefficients.png")
-            heatmap_grid(panels, f"{side} layer {t.layer}: re-scaled coefficients f(w|i-j|; v)", path,
-                         cmap="magma", xlabel="key position j", ylabel="query position i")
-            paths.append(path)
-    return paths
-
-
-def draw_conv(inspection: Inspection, out: str) -> List[str]:
-    paths = []
-    for t in (t for t in inspection.terms if t.conv is not None):
-        prefix = os.path.join(out, f"{t.side}-layer{t.layer}-conv")
-        conv_filters(t, f"{prefix}-filters.png")
-        maps = inspection.conv_maps(t)
-        rows, columns = attention_labels(inspection, maps)
-        heads = maps.probs.size(0)
-        panels = [Panel(m[h].numpy(), f"head {h}, {when}", rows, columns)
-                  for when, m in (("before (S)", maps.softmax), ("after", maps.probs)) for h in range(heads)]
-        heatmap_grid(panels, f"{t.side} layer {t.layer}: attention before and after the {t.conv} convolution",
-                     f"{prefix}-before-after.png", columns=heads, row_scales=True, xlabel="key", ylabel="query")
-        paths += [f"{prefix}-filters.png", f"{prefix}-before-after.png"]
-    return paths
-
-
-def conv_filters(t: LayerTerms, path: str) -> None:
-    weight, bias = t.conv_weight.numpy(), t.conv_bias.numpy()
-    if t.conv == "2d":
-        taps = positions(weight.shape[-1])
-        panels = [Panel(w, f"head {h} (bias {b:.3g})", taps, taps) for h, (w, b) in enumerate(zip(weight, bias))]
-        heatmap_grid(panels, f"{t.side} layer {t.layer}: 2d attention filters", path, cmap=SIGNED_CMAP,
-                     signed=True, annotate=True, xlabel="key tap", ylabel="query tap")
-        return
-    labels = positions(t.positions)
-    kernel = weight.shape[-1]
-    panels = [Panel(weight[h, :, :, tap], f"head {h}, query tap {tap}", labels, labels)
-              for h in range(weight.shape[0]) for tap in range(kernel)]
-    heatmap_grid(panels, f"{t.side} layer {t.layer}: 1d attention filters (first {t.positions} columns)",
-                 path, cmap=SIGNED_CMAP, signed=True, columns=kernel,
-                 xlabel="input key column", ylabel="output key column")
-
-
-def draw_relative_embeddings(inspection: Inspection, out: str) -> List[str]:
-    paths = []
-    for t in inspection.terms:
-        for table in t.relative_tables:
-            path = os.path.join(out, f"{t.side}-layer{t.layer}-{table.name}-relative-embeddings.png")
-            relative_tables(t, table, path)
-            paths.append(path)
-    return paths
-
-
-def relative_tables(t: LayerTerms, table: RelativeTable, path: str) -> None:
-    buckets = positions(2 * table.clip + 1, start=-table.clip)
-    dims = positions(table.key.size(1))
-    panels = [Panel(table.key.numpy(), "key a^K", buckets, dims),
-              Panel(table.value.numpy(), "value a^V", buckets, dims)]
-    distance = "j - i" if table.name == "sequential" else "relative structural position"
-    heatmap_grid(panels, f"{t.side} layer {t.layer}: {table.name} relative position embeddings "
-                 f"(clip {table.clip})", path, cmap=SIGNED_CMAP, signed=True, xlabel="dimension",
-                 ylabel=distance)
+LAYOUT_DRAWERS: Dict[str, Callable[[Quantity, str, str], None]] = {
+    MATRIX: draw_matrix_quantity,
+    CURVE: draw_curve,
+    TABLE: draw_table,
+}
 
 
 def draw_structure(inspection: Inspection, out: str) -> List[str]:
@@ -386,13 +333,8 @@ def draw_lstm(inspection: Inspection, out: str) -> List[str]:
     return [path]
 
 
-DRAWERS: Dict[str, Callable[[Inspection, str], List[str]]] = {
+GENERIC_DRAWERS: Dict[str, Callable[[Inspection, str], List[str]]] = {
     "attention": draw_attention,
-    "direct": draw_direct,
-    "temperature": draw_temperature,
-    "distance-aware": draw_distance_aware,
-    "conv": draw_conv,
-    "relative-embeddings": draw_relative_embeddings,
     "structure": draw_structure,
     "lstm": draw_lstm,
 }
@@ -403,5 +345,6 @@ def draw(inspection: Inspection, kinds: Sequence[str], out: str) -> List[str]:
     os.makedirs(out, exist_ok=True)
     paths: List[str] = []
     for kind in kinds:
-        paths += DRAWERS[kind](inspection, out)
+        drawer = GENERIC_DRAWERS.get(kind)
+        paths += drawer(inspection, out) if drawer is not None else draw_method(inspection, kind, out)
     return paths

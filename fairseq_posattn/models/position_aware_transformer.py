@@ -28,6 +28,25 @@ from fairseq_posattn.modules.transformer_layer import (
 IncrementalState = Dict[str, Dict[str, Optional[Tensor]]]
 
 
+def add_layer_wrapping_args(parser: Any) -> None:
+    """fairseq's transformer options for checkpointing and FSDP-wrapping layers, for the models that
+    build their own layer stacks (the tagger, the classifier)."""
+    parser.add_argument("--checkpoint-activations", action="store_true",
+                        help="checkpoint each layer's activations (recomputed in the backward pass)")
+    parser.add_argument("--offload-activations", action="store_true",
+                        help="with --checkpoint-activations: keep the checkpointed activations on the CPU")
+    parser.add_argument("--min-params-to-wrap", type=int, metavar="N",
+                        help="with --ddp-backend fully_sharded: wrap layers of at least N parameters")
+
+
+def set_layer_wrapping_defaults(args: Any) -> None:
+    """fairseq's defaults of :func:`add_layer_wrapping_args`' options, where unset."""
+    for name, default in (("checkpoint_activations", False), ("offload_activations", False),
+                          ("min_params_to_wrap", int(1e8))):
+        if getattr(args, name, None) is None:
+            setattr(args, name, default)
+
+
 def wrap_layer(layer: nn.Module, cfg: Any) -> nn.Module:
     """Activation checkpointing and FSDP wrapping exactly as fairseq's ``build_*_layer`` do."""
     checkpoint = cfg.checkpoint_activations

@@ -28,7 +28,11 @@ from fairseq_posattn.models.position_options import (
     add_position_args,
     set_position_defaults,
 )
-from fairseq_posattn.models.position_aware_transformer import wrap_layer
+from fairseq_posattn.models.position_aware_transformer import (
+    add_layer_wrapping_args,
+    set_layer_wrapping_defaults,
+    wrap_layer,
+)
 from fairseq_posattn.modules.char_cnn import CharCNNWordEncoder
 from fairseq_posattn.modules.position_context import PositionContext
 from fairseq_posattn.modules.transformer_layer import PositionAwareEncoderLayer
@@ -68,12 +72,7 @@ class SanTaggerModel(FairseqEncoderModel):
         parser.add_argument("--activation-dropout", type=float, metavar="D")
         parser.add_argument("--max-source-positions", type=int, metavar="N",
                             help="largest sentence (piece) length t in words (the paper: 60)")
-        parser.add_argument("--checkpoint-activations", action="store_true",
-                            help="checkpoint each layer's activations (recomputed in the backward pass)")
-        parser.add_argument("--offload-activations", action="store_true",
-                            help="with --checkpoint-activations: keep the checkpointed activations on the CPU")
-        parser.add_argument("--min-params-to-wrap", type=int, metavar="N",
-                            help="with --ddp-backend fully_sharded: wrap layers of at least N parameters")
+        add_layer_wrapping_args(parser)
         add_position_args(parser, "encoder")
 
     @classmethod
@@ -216,9 +215,7 @@ def san_tagger_base(args: argparse.Namespace) -> None:
     args.attention_dropout = getattr(args, "attention_dropout", 0.0)
     args.activation_dropout = getattr(args, "activation_dropout", 0.0)
     args.max_source_positions = getattr(args, "max_source_positions", 60)
-    args.checkpoint_activations = getattr(args, "checkpoint_activations", False)
-    args.offload_activations = getattr(args, "offload_activations", False)
-    args.min_params_to_wrap = getattr(args, "min_params_to_wrap", int(1e8))
+    set_layer_wrapping_defaults(args)
     set_position_defaults(args, ["encoder"])
 
 

@@ -34,7 +34,11 @@ from fairseq.models.transformer import Embedding, TransformerConfig
 from fairseq.utils import safe_getattr
 from torch import Tensor, nn
 
-from fairseq_posattn.models.position_aware_transformer import PositionAwareTransformerEncoder
+from fairseq_posattn.models.position_aware_transformer import (
+    PositionAwareTransformerEncoder,
+    add_layer_wrapping_args,
+    set_layer_wrapping_defaults,
+)
 from fairseq_posattn.models.position_options import (
     PositionOptionError,
     SidePositionOptions,
@@ -104,12 +108,7 @@ class PositionAwareTransformerClassifier(FairseqEncoderModel):
         parser.add_argument("--dropout", type=float, metavar="D", help="dropout")
         parser.add_argument("--attention-dropout", type=float, metavar="D", help="dropout of attention weights")
         parser.add_argument("--activation-dropout", type=float, metavar="D", help="dropout after the activation")
-        parser.add_argument("--checkpoint-activations", action="store_true",
-                            help="checkpoint each layer's activations (recomputed in the backward pass)")
-        parser.add_argument("--offload-activations", action="store_true",
-                            help="with --checkpoint-activations: keep the checkpointed activations on the CPU")
-        parser.add_argument("--min-params-to-wrap", type=int, metavar="N",
-                            help="with --ddp-backend fully_sharded: wrap layers of at least N parameters")
+        add_layer_wrapping_args(parser)
         parser.add_argument("--classifier-pooling", choices=POOLING_CHOICES,
                             help="summary of the sentence for the head: mean over its tokens, or its first token")
         parser.add_argument("--pooler-activation-fn", choices=utils.get_available_activation_fns(),
@@ -172,9 +171,7 @@ def posattn_classifier_base(args: argparse.Namespace) -> None:
     args.dropout = safe_getattr(args, "dropout", 0.1)
     args.attention_dropout = safe_getattr(args, "attention_dropout", 0.1)
     args.activation_dropout = safe_getattr(args, "activation_dropout", 0.0)
-    args.checkpoint_activations = safe_getattr(args, "checkpoint_activations", False)
-    args.offload_activations = safe_getattr(args, "offload_activations", False)
-    args.min_params_to_wrap = safe_getattr(args, "min_params_to_wrap", int(1e8))
+    set_layer_wrapping_defaults(args)
     args.classifier_pooling = safe_getattr(args, "classifier_pooling", "mean")
     args.pooler_activation_fn = safe_getattr(args, "pooler_activation_fn", "tanh")
     args.pooler_dropout = safe_getattr(args, "pooler_dropout", 0.1)

@@ -12,8 +12,8 @@ Order of operations for one head (docs/methods.md, Order of operations in one he
 7. dropout; ``probs v`` plus the augmentations' value term; output projection.
 
 When only query/key transforms, additive biases and temperature are on and no weights are asked
-for, steps 2-7 run in
-``F.scaled_dot_product_attention`` with the biases and masks folded into one float mask.
+for, steps 2-7 run in ``F.scaled_dot_product_attention`` with the biases and masks folded into one
+float mask.
 
 The module subclasses fairseq's :class:`~fairseq.modules.MultiheadAttention`, so its projection
 parameters have fairseq's names, and reuses fairseq's incremental-state buffer and reordering.

@@ -20,7 +20,14 @@ from torch import Tensor, nn
 
 from fairseq_posattn.modules.position_context import PositionContext
 from fairseq_posattn.modules.position_terms.base import AdditiveLogitBias
-from fairseq_posattn.modules.position_terms.registry import LayerSpec, MethodOption, PositionMethod, register
+from fairseq_posattn.modules.position_terms.registry import (
+    CURVE,
+    LayerSpec,
+    MethodOption,
+    PositionMethod,
+    Quantity,
+    register,
+)
 
 
 def alibi_slopes(num_heads: int) -> Tensor:
@@ -45,6 +52,17 @@ class LinearDistanceBias(AdditiveLogitBias):
         distance = ctx.relative_distances(tgt_len, src_len)
         distance = distance.clamp(min=0) if self.causal else distance.abs()  # keys after i: masked
         return -(self.slopes[:, None, None] * distance.to(self.slopes.dtype)).unsqueeze(0)
+
+    def inspect(self, positions: int) -> List[Quantity]:
+        """Each head's (fixed) bias over ``i - j`` for the first ``positions`` positions (``i - j >= 0``
+        only on a causal side)."""
+        distance = torch.arange(0 if self.causal else -(positions - 1), positions)
+        slopes = self.slopes.detach().cpu()
+        bias = -slopes[:, None] * (distance if self.causal else distance.abs()).to(slopes.dtype)
+        form = "-m_h (i - j)" if self.causal else "-m_h |i - j|"
+        return [Quantity("bias", bias, CURVE, f"fixed linear bias {form}",
+                         axes=("i - j (query position minus key position)", "bias"),
+                         ticks=(distance.tolist(),))]
 
 
 class AlibiMethod(PositionMethod):

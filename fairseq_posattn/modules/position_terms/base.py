@@ -15,12 +15,13 @@ Terms read token geometry from a :class:`~fairseq_posattn.modules.position_conte
 which is built once per batch and shared by every layer.
 """
 
-from typing import Optional, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 from torch import Tensor, nn
 
 from fairseq_posattn.modules.position_context import PositionContext
+from fairseq_posattn.modules.position_terms.registry import Quantity
 
 
 def at_least_fp32(dtype: torch.dtype) -> torch.dtype:
@@ -41,7 +42,17 @@ def check_length(length: int, max_positions: int, term: str) -> None:
             f"{term} was built for")
 
 
-class QueryKeyTransform(nn.Module):
+class PositionTerm(nn.Module):
+    """What every term offers ``posattn-inspect``: its learned quantities as named arrays."""
+
+    def inspect(self, positions: int) -> List[Quantity]:
+        """The term's learned quantities over the first ``positions`` positions ([] if none)."""
+        raise NotImplementedError(
+            f"{type(self).__name__} must say what posattn-inspect shows of it: implement "
+            "inspect(positions), returning [] when it learns nothing")
+
+
+class QueryKeyTransform(PositionTerm):
     """Kind 0: a transform of the queries and keys of the current tokens, before the cache."""
 
     def forward(self, q: Tensor, k: Tensor, ctx: PositionContext) -> Tuple[Tensor, Tensor]:
@@ -50,7 +61,7 @@ class QueryKeyTransform(nn.Module):
         raise NotImplementedError
 
 
-class AdditiveLogitBias(nn.Module):
+class AdditiveLogitBias(PositionTerm):
     """Kind 1: ``logits + bias``, after the 1/sqrt(d_h) scaling and before masks and softmax."""
 
     def forward(self, ctx: PositionContext, tgt_len: int, src_len: int) -> Tensor:
@@ -58,7 +69,7 @@ class AdditiveLogitBias(nn.Module):
         raise NotImplementedError
 
 
-class LogitScaling(nn.Module):
+class LogitScaling(PositionTerm):
     """Kind 2: an elementwise transform of the content logits, before biases and masks."""
 
     def forward(self, logits: Tensor, ctx: PositionContext) -> Tensor:
@@ -66,7 +77,7 @@ class LogitScaling(nn.Module):
         raise NotImplementedError
 
 
-class KeyValueAugmentation(nn.Module):
+class KeyValueAugmentation(PositionTerm):
     """Kind 3: ``e_ij = q_i . (k_j + a^K_ij)`` and ``z_i = sum_j alpha_ij (v_j + a^V_ij)``."""
 
     def key_logits(self, q: Tensor, ctx: PositionContext, tgt_len: int, src_len: int) -> Tensor:
@@ -78,7 +89,7 @@ class KeyValueAugmentation(nn.Module):
         raise NotImplementedError
 
 
-class PostSoftmaxTransform(nn.Module):
+class PostSoftmaxTransform(PositionTerm):
     """Kind 4: a transform of the post-softmax attention matrix ``S``.
 
     ``history_rows`` earlier query rows of ``S`` are needed to decode incrementally on a causal side.

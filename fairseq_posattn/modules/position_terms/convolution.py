@@ -20,10 +20,14 @@ from torch import Tensor, nn
 from fairseq_posattn.modules.position_context import PositionContext
 from fairseq_posattn.modules.position_terms.base import PostSoftmaxTransform, check_length
 from fairseq_posattn.modules.position_terms.registry import (
+    BARS,
+    CURVE,
+    MATRIX,
     LayerSpec,
     MethodOption,
     PositionMethod,
     PositionOptionError,
+    Quantity,
     register,
 )
 
@@ -84,6 +88,13 @@ class ConvolvedAttention2d(PostSoftmaxTransform):
         else:
             out = convolve(torch.cat([earlier, probs], dim=2), 0)
         return _rectify(out, blocked), cache
+
+    def inspect(self, positions: int) -> List[Quantity]:
+        """The k x k filter and the bias of each head (no position axis: ``positions`` is unused)."""
+        taps = (list(range(self.kernel_size)),) * 2
+        return [Quantity("filters", self.conv.weight[:, 0].detach().cpu(), MATRIX, "2d attention filters",
+                         axes=("query tap", "key tap"), ticks=taps),
+                Quantity("bias", self.conv.bias.detach().cpu(), BARS, "2d attention filter bias")]
 
 
 class KeyChannelConvolution(torch.autograd.Function):
@@ -214,6 +225,18 @@ class ConvolvedAttention1d(PostSoftmaxTransform):
         if left_pads is not None:
             out = self._shift_columns(out, -left_pads, src_len)
         return _rectify(out, blocked), cache
+
+    def inspect(self, positions: int) -> List[Quantity]:
+        """Per head and query tap a, the weights from input to output key column of the first
+        n = min(positions, t) columns (heads x k x output x input), and the output columns' bias."""
+        n, t, k = min(positions, self.max_positions), self.max_positions, self.kernel_size
+        weight = self.conv.weight.view(self.num_heads, t, t, k)[:, :n, :n].permute(0, 3, 1, 2)
+        bias = self.conv.bias.view(self.num_heads, t)[:, :n]
+        return [Quantity("filters", weight.detach().cpu(), MATRIX, f"1d attention filters (first {n} columns)",
+                         axes=("output key column", "input key column"),
+                         panels=tuple(f"query tap {a}" for a in range(k))),
+                Quantity("bias", bias.detach().cpu(), CURVE, "1d attention bias per output key column",
+                         axes=("output key column", "bias"), ticks=(list(range(n)),))]
 
 
 class ConvolvedAttentionMethod(PositionMethod):

@@ -8,10 +8,13 @@ from torch import Tensor, nn
 from fairseq_posattn.modules.position_context import PositionContext
 from fairseq_posattn.modules.position_terms.base import AdditiveLogitBias, check_length
 from fairseq_posattn.modules.position_terms.registry import (
+    CURVE,
+    MATRIX,
     LayerSpec,
     MethodOption,
     PositionMethod,
     PositionOptionError,
+    Quantity,
     register,
 )
 
@@ -38,6 +41,12 @@ class DirectAbsolutePositionBias(AdditiveLogitBias):
         bias = self.weight[:, query_pos[:, :, None], key_pos[:, None, :]]  # H x B x Tq x Tk
         return bias.transpose(0, 1)
 
+    def inspect(self, positions: int) -> List[Quantity]:
+        """``A^p[:n, :n]`` per head, n = min(positions, t)."""
+        n = min(positions, self.max_positions)
+        return [Quantity("absolute", self.weight[:, :n, :n].detach().cpu(), MATRIX,
+                         f"learned A^p (first {n} positions)")]
+
 
 class DirectRelativePositionBias(AdditiveLogitBias):
     """Relative interactions ``A + a^r[i - j + t - 1]`` with a learnable vector of 2t - 1 per head.
@@ -54,6 +63,14 @@ class DirectRelativePositionBias(AdditiveLogitBias):
         check_length(src_len, self.max_positions, "the direct relative position vector a^r")
         index = ctx.relative_distances(tgt_len, src_len) + (self.max_positions - 1)
         return self.weight[:, index].unsqueeze(0)
+
+    def inspect(self, positions: int) -> List[Quantity]:
+        """``a^r`` per head over ``i - j = -(n - 1) .. n - 1``, n = min(positions, t)."""
+        n = min(positions, self.max_positions)
+        zero = self.max_positions - 1  # the index of i - j = 0
+        return [Quantity("relative", self.weight[:, zero - (n - 1) : zero + n].detach().cpu(), CURVE,
+                         "learned a^r", axes=("i - j (query position minus key position)", "a^r"),
+                         ticks=(list(range(-(n - 1), n)),))]
 
 
 class DirectPositionMethod(PositionMethod):

@@ -8,7 +8,15 @@ from torch import Tensor, nn
 
 from fairseq_posattn.modules.position_context import PositionContext
 from fairseq_posattn.modules.position_terms.base import LogitScaling, at_least_fp32
-from fairseq_posattn.modules.position_terms.registry import LayerSpec, MethodOption, PositionMethod, register
+from fairseq_posattn.modules.position_terms.registry import (
+    BARS,
+    MATRIX,
+    LayerSpec,
+    MethodOption,
+    PositionMethod,
+    Quantity,
+    register,
+)
 
 
 class DistanceAwareScaling(LogitScaling):
@@ -38,6 +46,16 @@ class DistanceAwareScaling(LogitScaling):
         """The rescaled logits in fp32 (the kernel's softmax runs in fp32 anyway)."""
         tgt_len, src_len = logits.shape[-2:]
         return torch.relu(logits.to(at_least_fp32(logits.dtype))) * self.coefficients(ctx, tgt_len, src_len)
+
+    def inspect(self, positions: int) -> List[Quantity]:
+        """w and v per head, and ``Rhat`` (eq. 6) of the first ``positions`` positions."""
+        unpadded = PositionContext.from_padding(
+            torch.zeros(1, positions, dtype=torch.bool, device=self.w.device), True)
+        coefficients = self.coefficients(unpadded, positions, positions).detach().cpu()
+        return [Quantity("w", self.w.detach().cpu(), BARS, "learned w"),
+                Quantity("v", self.v.detach().cpu(), BARS, "learned v"),
+                Quantity("coefficients", coefficients, MATRIX, "re-scaled coefficients f(w|i-j|; v)",
+                         signed=False)]
 
 
 class DistanceAwareMethod(PositionMethod):

@@ -10,6 +10,11 @@ A :class:`PositionMethod` says everything the rest of the plug-in needs to know 
 - whether it needs t (the side's ``--max-*-positions``), which the side then checks per batch;
 - the variants that the tests and the benchmark build, and the benchmark's ratio target.
 
+What ``posattn-inspect`` shows of a method is said by its terms: each term's ``inspect(positions)``
+returns its learned quantities as :class:`Quantity` records (named arrays with one of a few generic
+layouts), and :func:`method_of` finds the method a term belongs to (the one registered in the file
+that defines the term's class), whose name is the kind that ``posattn-inspect`` draws it under.
+
 Adding a method is one file that defines its term(s) and ends with ``register(...)``, plus one
 import line in :mod:`fairseq_posattn.modules.position_terms`; the registration order is the order
 of the options in ``--help`` and of the terms within a kind.
@@ -18,7 +23,7 @@ of the options in ``--help`` and of the terms within a kind.
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from torch import nn
+from torch import Tensor, nn
 
 SIDES = ("encoder", "decoder")
 
@@ -79,6 +84,38 @@ class PositionMethod:
         return []
 
 
+#: layouts of a :class:`Quantity`, i.e. the shape of its ``values`` and how they are drawn
+MATRIX = "matrix"  # heads x rows x columns (or heads x panels x rows x columns): heatmaps per head
+CURVE = "curve"  # heads x points: one curve per head over a named axis (e.g. i - j)
+BARS = "bars"  # heads: one scalar per head, shown with the other layers' heads of the side
+TABLE = "table"  # rows x columns: one heatmap (e.g. bucket x dimension)
+LAYOUTS = (MATRIX, CURVE, BARS, TABLE)
+
+
+@dataclass(frozen=True)
+class Quantity:
+    """A learned quantity of a term, as ``posattn-inspect`` shows it (``values`` on the CPU).
+
+    ``axes`` names the axes: (rows, columns) of a matrix or table, (points, values) of a curve.
+    ``ticks`` labels them: (row labels, column labels) of a matrix or table (default: 0, 1, ...),
+    (the points,) of a curve. ``panels`` names the second axis of a 4-d matrix (e.g. filter taps).
+    ``signed`` values are drawn on a colour scale symmetric around 0.
+    """
+
+    name: str
+    values: Tensor
+    layout: str
+    title: str
+    axes: Tuple[str, str] = ("query position i", "key position j")
+    ticks: Tuple[Sequence[Any], ...] = ()
+    panels: Tuple[str, ...] = ()
+    signed: bool = True
+
+    def __post_init__(self) -> None:
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"quantity {self.name!r} has layout {self.layout!r}, not one of {LAYOUTS}")
+
+
 REGISTRY: Dict[str, PositionMethod] = {}
 
 
@@ -92,6 +129,15 @@ def register(method: PositionMethod) -> PositionMethod:
         raise ValueError(f"position method {method.name!r} redefines the options {sorted(clash)}")
     REGISTRY[method.name] = method
     return method
+
+
+def method_of(term: nn.Module) -> PositionMethod:
+    """The registered method declared in the file that defines ``term``'s class."""
+    found = [m for m in REGISTRY.values() if type(m).__module__ == type(term).__module__]
+    if len(found) != 1:
+        raise LookupError(f"{type(term).__name__} is not defined next to exactly one registered position "
+                          f"method (found {[m.name for m in found]}); define a term in its method's file")
+    return found[0]
 
 
 def methods_of(side: str) -> List[PositionMethod]:

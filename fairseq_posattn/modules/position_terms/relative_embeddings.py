@@ -13,10 +13,12 @@ from torch import Tensor, nn
 from fairseq_posattn.modules.position_context import PositionContext
 from fairseq_posattn.modules.position_terms.base import KeyValueAugmentation
 from fairseq_posattn.modules.position_terms.registry import (
+    TABLE,
     LayerSpec,
     MethodOption,
     PositionMethod,
     PositionOptionError,
+    Quantity,
     register,
 )
 
@@ -52,6 +54,15 @@ class RelativePositionEmbeddings(KeyValueAugmentation):
         mass = probs.new_zeros(probs.shape[:-1] + (self.value_table.size(0),))
         mass.scatter_add_(-1, buckets, probs)  # attention mass per bucket
         return torch.matmul(mass, self.value_table.to(probs.dtype))
+
+    def inspect(self, positions: int) -> List[Quantity]:
+        """The key and value tables, a row per clipped distance ``j - i`` (no position axis:
+        ``positions`` is unused)."""
+        ticks = (list(range(-self.clip, self.clip + 1)), list(range(self.key_table.size(1))))
+        return [Quantity(name, table.detach().cpu(), TABLE, f"{title} (clip {self.clip})",
+                         axes=("j - i", "dimension"), ticks=ticks)
+                for name, title, table in (("key", "key embeddings a^K", self.key_table),
+                                           ("value", "value embeddings a^V", self.value_table))]
 
 
 class RelativePositionsMethod(PositionMethod):

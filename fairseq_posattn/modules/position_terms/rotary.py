@@ -17,10 +17,12 @@ from torch import Tensor, nn
 from fairseq_posattn.modules.position_context import PositionContext
 from fairseq_posattn.modules.position_terms.base import QueryKeyTransform, at_least_fp32
 from fairseq_posattn.modules.position_terms.registry import (
+    CURVE,
     LayerSpec,
     MethodOption,
     PositionMethod,
     PositionOptionError,
+    Quantity,
     register,
 )
 
@@ -53,6 +55,18 @@ class RotaryEmbedding(QueryKeyTransform):
         frequencies = ROTARY_BASE ** (-pairs / self.head_dim)
         angles = positions.to(dtype)[:, None, :, None] * frequencies  # B|1 x 1 x T x d/2
         return rotate_pairs(q, angles), rotate_pairs(k, angles)
+
+    def inspect(self, positions: int) -> List[Quantity]:
+        """Nothing is learned; shown is what the rotation alone does to a logit: ``q_i . k_j`` of a
+        query and a key equal to the same vector of ones, over ``|q| |k|``, i.e. the mean over the
+        pairs k of ``cos((i - j) theta_k)``, for the first ``positions`` positions (every head alike)."""
+        distance = torch.arange(-(positions - 1), positions, dtype=torch.float64)
+        frequencies = ROTARY_BASE ** (-torch.arange(0, self.head_dim, 2, dtype=torch.float64) / self.head_dim)
+        pattern = torch.cos(distance[:, None] * frequencies).mean(dim=1)
+        return [Quantity("angle-pattern", pattern[None].float(), CURVE,
+                         "rotation's effect on q_i . k_j of equal contents (every head)",
+                         axes=("i - j (query position minus key position)", "mean cos((i - j) theta_k)"),
+                         ticks=(distance.long().tolist(),))]
 
 
 class RotaryMethod(PositionMethod):

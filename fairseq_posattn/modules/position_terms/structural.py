@@ -4,6 +4,7 @@ Shaw-style key and value embeddings indexed by the clipped relative structural p
 (query, key) pair, a table of their own; with sequential Shaw embeddings also on, both tables add.
 """
 
+from dataclasses import replace
 from typing import Any, List
 
 from torch import Tensor, nn
@@ -14,6 +15,7 @@ from fairseq_posattn.modules.position_terms.registry import (
     MethodOption,
     PositionMethod,
     PositionOptionError,
+    Quantity,
     register,
 )
 from fairseq_posattn.modules.position_terms.relative_embeddings import RelativePositionEmbeddings
@@ -24,6 +26,11 @@ class StructuralRelativeEmbeddings(RelativePositionEmbeddings):
 
     def buckets(self, ctx: PositionContext, tgt_len: int, src_len: int) -> Tensor:
         return ctx.structural_buckets(tgt_len, src_len) + self.clip
+
+    def inspect(self, positions: int) -> List[Quantity]:
+        """The key and value tables, a row per clipped relative structural position."""
+        return [replace(q, axes=("relative structural position", "dimension"))
+                for q in super().inspect(positions)]
 
 
 def embeds_tree_depth(options: Any) -> bool:

@@ -22,10 +22,13 @@ from torch import Tensor, nn
 from fairseq_posattn.modules.position_context import PositionContext
 from fairseq_posattn.modules.position_terms.base import AdditiveLogitBias
 from fairseq_posattn.modules.position_terms.registry import (
+    CURVE,
+    TABLE,
     LayerSpec,
     MethodOption,
     PositionMethod,
     PositionOptionError,
+    Quantity,
     register,
 )
 
@@ -60,6 +63,18 @@ class T5RelativeBias(AdditiveLogitBias):
         buckets = relative_buckets(ctx.relative_distances(tgt_len, src_len), self.num_buckets,
                                    self.max_distance, self.bidirectional)
         return self.table[buckets].permute(2, 0, 1).unsqueeze(0)  # 1 x H x Tq x Tk
+
+    def inspect(self, positions: int) -> List[Quantity]:
+        """The table (bucket x head), and each head's bias over ``i - j`` for the first
+        ``positions`` positions (``i - j >= 0`` only on a causal side)."""
+        table = self.table.detach().cpu()
+        distance = torch.arange(-(positions - 1) if self.bidirectional else 0, positions)
+        buckets = relative_buckets(distance, self.num_buckets, self.max_distance, self.bidirectional)
+        return [Quantity("table", table, TABLE, f"learned bias per bucket (max distance {self.max_distance})",
+                         axes=("bucket", "head")),
+                Quantity("bias", table[buckets].t(), CURVE, "learned bias over i - j",
+                         axes=("i - j (query position minus key position)", "bias"),
+                         ticks=(distance.tolist(),))]
 
 
 class T5RelativeBiasMethod(PositionMethod):

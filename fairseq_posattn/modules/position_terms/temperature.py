@@ -10,10 +10,18 @@ from typing import Any, List, Tuple
 import torch
 from torch import Tensor, nn
 
-from fairseq_posattn.modules.position_terms.registry import LayerSpec, MethodOption, PositionMethod, register
+from fairseq_posattn.modules.position_terms.base import PositionTerm
+from fairseq_posattn.modules.position_terms.registry import (
+    BARS,
+    LayerSpec,
+    MethodOption,
+    PositionMethod,
+    Quantity,
+    register,
+)
 
 
-class LearnableTemperature(nn.Module):
+class LearnableTemperature(PositionTerm):
     def __init__(self, num_heads: int, head_dim: int):
         super().__init__()
         self.head_dim = head_dim
@@ -23,6 +31,12 @@ class LearnableTemperature(nn.Module):
         """Return W_q, W_k, W_v with each head's output rows multiplied by its gamma."""
         row_scale = self.gamma.repeat_interleave(self.head_dim, dim=1).unsqueeze(-1)  # 3 x E x 1
         return q_weight * row_scale[0], k_weight * row_scale[1], v_weight * row_scale[2]
+
+    def inspect(self, positions: int) -> List[Quantity]:
+        """gamma_q, gamma_k and gamma_v per head (no position axis: ``positions`` is unused)."""
+        gamma = self.gamma.detach().cpu()
+        return [Quantity(f"gamma_{name}", row, BARS, f"learned temperature gamma_{name}")
+                for name, row in zip("qkv", gamma)]
 
 
 class LearnableTemperatureMethod(PositionMethod):

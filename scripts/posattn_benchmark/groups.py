@@ -1,0 +1,60 @@
+"""Row groups: one batch shape each (Multi30k-like translation, translation at 512 tokens, language
+model sentences and blocks), with what the workers measured for it."""
+
+import argparse
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Sequence, Set
+
+from posattn_benchmark.batches import BatchShape
+from posattn_benchmark.variants import LANGUAGE_MODELING, REFERENCES, TRANSLATION, Variant
+
+LONG_LENGTH = 512
+
+
+@dataclass
+class Group:
+    """A row group: one batch shape and max positions, and what its workers measured."""
+
+    title: str
+    shape: BatchShape
+    max_positions: int
+    task: str = TRANSLATION
+    memory: Dict[str, List[Dict[str, Any]]] = field(default_factory=dict)
+    #: step times of the primary malloc setting, and with glibc's default malloc (``--malloc both``)
+    timing: Dict[str, List[float]] = field(default_factory=dict)
+    timing_default_malloc: Dict[str, List[float]] = field(default_factory=dict)
+    decoding: Dict[str, List[float]] = field(default_factory=dict)
+    decode_sentences: List[int] = field(default_factory=list)
+    decode_shapes: List[List[int]] = field(default_factory=list)
+    failures: Dict[str, str] = field(default_factory=dict)
+    digests: Set[str] = field(default_factory=set)
+
+    @property
+    def reference(self) -> Variant:
+        """The vanilla fairseq model the group's variants are compared with."""
+        return REFERENCES[self.task]
+
+    def applicable(self, variants: Sequence[Variant]) -> List[Variant]:
+        """The ``variants`` built for this group's task."""
+        return [variant for variant in variants if variant.task == self.task]
+
+
+def build_groups(cli: argparse.Namespace) -> List[Group]:
+    """The Multi30k-like group (unless ``--skip-short``), and the ``--long`` and ``--lm`` groups
+    when asked for."""
+    groups = []
+    if not cli.skip_short:
+        groups.append(Group(f"Multi30k-like, lengths {cli.min_len}-{cli.max_len}",
+                            BatchShape(cli.min_len, cli.max_len, cli.max_tokens), cli.max_positions))
+    if cli.long:
+        groups.append(Group(f"sequence length {LONG_LENGTH}",
+                            BatchShape(LONG_LENGTH, LONG_LENGTH, cli.long_batch_size * LONG_LENGTH),
+                            LONG_LENGTH))
+    if cli.lm:
+        groups.append(Group(f"language model, sentences of {cli.min_len}-{cli.max_len}",
+                            BatchShape(cli.min_len, cli.max_len, cli.max_tokens), cli.max_positions,
+                            task=LANGUAGE_MODELING))
+        groups.append(Group(f"language model, blocks of {LONG_LENGTH}",
+                            BatchShape(LONG_LENGTH, LONG_LENGTH, cli.lm_batch_size * LONG_LENGTH),
+                            LONG_LENGTH, task=LANGUAGE_MODELING))
+    return groups

@@ -1,0 +1,121 @@
+"""The report's header: the machine, the models' sizes, how each quantity was measured, the batches."""
+
+import argparse
+import os
+import platform
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from posattn_benchmark.batches import PIECES_PER_WORD
+from posattn_benchmark.groups import Group
+from posattn_benchmark.paths import display_path
+from posattn_benchmark.variants import (
+    LANGUAGE_MODELING, POSATTN_ARCH, POSATTN_LM_ARCH, REFERENCES, TRANSLATION, VANILLA_ARCH, VANILLA_LM_ARCH,
+)
+from posattn_benchmark.worker import BEAM_SIZE, LABEL_SMOOTHING
+
+
+def cpu_name() -> str:
+    """``platform.processor()``, or the model name of ``/proc/cpuinfo`` where that is empty."""
+    name = platform.processor()
+    cpuinfo = Path("/proc/cpuinfo")
+    if not name and cpuinfo.exists():
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("model name"):
+                name = line.split(":", 1)[1].strip()
+                break
+    return f"{name or 'unknown CPU'} ({platform.machine()})"
+
+
+def model_line(groups: Sequence[Group], task: str, cli: argparse.Namespace) -> Optional[str]:
+    """The report's line on the sizes of ``task``'s models, from its baseline's memory run."""
+    reference = REFERENCES[task]
+    run = next((g.memory[reference.name][0] for g in groups
+                if g.task == task and reference.name in g.memory), None)
+    if run is None:
+        return None
+    sizes = run["sizes"]
+    if task == LANGUAGE_MODELING:
+        count = sizes["decoder_layers"]
+        models, layers = f"`{VANILLA_LM_ARCH}` vs `{POSATTN_LM_ARCH}`", f"{count} layer{'s' * (count != 1)}"
+    else:
+        models = f"`{VANILLA_ARCH}` vs `{POSATTN_ARCH}`"
+        layers = f"{sizes['encoder_layers']}+{sizes['decoder_layers']} layers"
+    return (f"- Models: {models} (the flags below are on the latter), embed {sizes['embed']}, FFN "
+            f"{sizes['ffn']}, {layers}, {sizes['heads']} heads, vocabulary {cli.vocab_size}, dropout "
+            f"0.1; vanilla {run['params'] / 1e6:.1f}M parameters.")
+
+
+MALLOC_NOTES = {
+    "reuse": "glibc's malloc keeps freed memory for the next allocation (`GLIBC_TUNABLES` raises its "
+             "mmap and trim thresholds), as a caching allocator does.",
+    "default": "glibc's malloc with its defaults: every tensor above 32 MB is mapped at allocation and "
+               "unmapped when freed, so each allocation page-faults its memory in again.",
+    "both": "Time ratio: glibc's malloc keeps freed memory for the next allocation (`GLIBC_TUNABLES` "
+            "raises its mmap and trim thresholds), as a caching allocator (jemalloc, tcmalloc: PyTorch's "
+            "CPU performance guide; CUDA's) does; the targets are checked on it. Default malloc: the "
+            "same steps with glibc's defaults, under which every tensor above 32 MB is mapped at "
+            "allocation and unmapped when freed, so each of the explicit attention path's (length x "
+            "length) matrices page-faults its memory in again (beam search runs with the first setting).",
+}
+
+
+def header_lines(groups: Sequence[Group], cli: argparse.Namespace, load: Tuple[float, float],
+                 sample: Dict[str, Any]) -> List[str]:
+    """The report's title and its lines on the machine, the models, the method and the batches."""
+    memory_method = (
+        "torch.cuda.max_memory_allocated() minus the memory allocated before the model is built"
+        if sample["device"] != "cpu" else
+        "growth of the peak RSS (getrusage ru_maxrss) from just before the model is built to the end "
+        "of the second step (weights, gradients, Adam state, activations), with "
+        "MALLOC_MMAP_THRESHOLD_=65536 so that glibc returns freed tensors at once"
+    )
+    lines = [
+        "# transformer_posattn vs fairseq transformer: train step, peak memory, beam search",
+        "",
+        f"- Machine: {cpu_name()}, {os.cpu_count()} CPUs, {sample['threads']} torch threads, "
+        f"device {sample['device']}; torch {sample['torch']}, fairseq {sample['fairseq']}, "
+        f"Python {platform.python_version()}; 1-minute load average {load[0]:.1f} at the start, "
+        f"{load[1]:.1f} at the end.",
+    ]
+    lines += [line for task in (TRANSLATION, LANGUAGE_MODELING)
+              if (line := model_line(groups, task, cli)) is not None]
+    lines += [
+        f"- Structural side data: each source of m BPE pieces gets a forest of real UD EWT trees "
+        f"(`{display_path(str(cli.conllu))}`) of about m / {PIECES_PER_WORD} words, the extra pieces "
+        "as subwords of random words; depth, tin and tout per token as `--task translation_structural` "
+        "collates them, computed once per process outside every timed region.",
+        f"- Step: forward + label-smoothed cross entropy (eps {LABEL_SMOOTHING}; language models: "
+        "plain cross entropy) + backward + Adam, on the same batches for every model (checked by hash).",
+        f"- Time: one process runs every model of a group round-robin, one step each per batch, order "
+        f"rotated per round; warm-up rounds: {cli.warmup}, then timed rounds: {cli.steps} "
+        "(time.perf_counter). Step time: median over the rounds; time ratio: median over the rounds "
+        f"of the step time over vanilla's in the same round. {MALLOC_NOTES[cli.malloc]}",
+        f"- Peak memory: each model alone in a fresh process, two steps (the first batch, then the "
+        f"largest, with the Adam state in place), {memory_method}; vanilla runs first and last, its "
+        "row is their mean.",
+    ]
+    if cli.decode_variants:
+        lines.append(
+            f"- Decoding: fairseq's SequenceGenerator as fairseq-generate builds it (beam {BEAM_SIZE}, "
+            "length penalty 1, normalized scores), eval mode, the source's `net_input` to the encoder; "
+            f"untrained models, so every hypothesis is forced to {cli.decode_length} tokens + EOS "
+            f"(min_len = max_len_b = {cli.decode_length}, max_len_a = 0) and every model decodes the "
+            f"same number of steps; one process, round-robin as above, warm-up rounds: {cli.warmup}, "
+            f"timed rounds: {cli.decode_rounds}. Sentences/s: the timed rounds' sentences over their "
+            "summed time; speed ratio: median over the rounds of vanilla's time over the model's (above "
+            "1 is faster).")
+    lines.append("- Targets: the performance issue's ratio bounds for each kind of term (time / memory; "
+                 "speed for beam search), checked on the ratios as printed.")
+    for group in groups:
+        shapes = next((runs[0]["batch_shapes"] for runs in group.memory.values()), [])
+        seen = ", ".join(sorted({f"{b} x {t}" for b, t in shapes})) or "none"
+        if group.task == LANGUAGE_MODELING:
+            lines.append(f"- {group.title}: {group.shape.describe()} (batches of {seen} tokens), "
+                         f"--tokens-per-sample and --max-target-positions {group.max_positions}.")
+            continue
+        decoded = sorted({f"{b} x {t}" for b, t in group.decode_shapes})
+        decoding = f"; decoding: {', '.join(decoded) or 'none'}" if group.decode_shapes else ""
+        lines.append(f"- {group.title}: {group.shape.describe()} (source batches of "
+                     f"{seen} tokens{decoding}), --max-source/target-positions {group.max_positions}.")
+    return lines

@@ -1,0 +1,168 @@
+"""The markdown report: header lines on the machine, models and method, the train-step and beam-search
+tables with a row group per batch shape, the structural prepare table, the targets and the noise."""
+
+import argparse
+import statistics
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from posattn_benchmark.groups import Group
+from posattn_benchmark.header import header_lines
+from posattn_benchmark.paths import display_path
+from posattn_benchmark.stats import CHECKS, memory_ratio, peak_mb, speed_ratio, target_checks, time_ratio
+from posattn_benchmark.variants import TARGETS, VARIANTS_BY_NAME, Variant
+from posattn_benchmark.worker import BEAM_SIZE
+
+#: relative spread of vanilla's step times beyond which the report warns that the machine was busy
+NOISE_WARNING = 0.10
+#: the prepare throughput that the structural pipeline should reach, sentences/s on one core
+PREPARE_TARGET = 20_000
+#: the row of ``scripts/benchmark_structure.py`` that the target applies to: what
+#: ``posattn-prepare-structure`` runs per sentence
+PREPARE_STEP = "align + side data + binarize"
+
+
+def flags_cell(variant: Variant) -> str:
+    if variant.flags:
+        return "`" + " ".join(variant.flags) + "`"
+    return f"`--arch {variant.arch}`"
+
+
+def ratio_cell(ratio: Optional[float]) -> str:
+    return "" if ratio is None else f"{ratio:.2f}"
+
+
+def target_cell(group: Group, name: str, kinds: Sequence[str]) -> str:
+    """``<= 1.10 / <= 1.10: met`` (or which one was MISSED); empty without a target."""
+    checks = target_checks(group, name, kinds)
+    if not checks:
+        return ""
+    bounds = " / ".join(f"{CHECKS[kind][1]} {bound:.2f}" for kind, _, bound, _ in checks)
+    missed = [kind for kind, _, _, met in checks if not met]
+    return f"{bounds}: " + (f"MISSED ({', '.join(missed)})" if missed else "met")
+
+
+def group_rows(group: Group, variants: Sequence[Variant], default_malloc: bool) -> Tuple[List[str], str]:
+    """The train-step table rows of one group (with a column of time ratios under glibc's default
+    malloc if ``default_malloc``) and a line on its baseline's noise."""
+    rows = []
+    reference = group.reference
+    for variant in (reference, *group.applicable(variants)):
+        mb = peak_mb(group, variant.name)
+        if mb is None:
+            rows.append(f"| {variant.label} | {flags_cell(variant)} | crashed: "
+                        f"{group.failures[variant.name]} |" + " |" * (4 + default_malloc))
+            continue
+        times = group.timing.get(variant.name)
+        ms = f"{statistics.median(times):.0f}" if times else "not timed"
+        default_cell = f" {ratio_cell(time_ratio(group, variant.name, True))} |" if default_malloc else ""
+        rows.append(f"| {variant.label} | {flags_cell(variant)} | {ms} | "
+                    f"{ratio_cell(time_ratio(group, variant.name))} |{default_cell} {mb:.0f} "
+                    f"| {ratio_cell(memory_ratio(group, variant.name))} "
+                    f"| {target_cell(group, variant.name, ('time', 'memory'))} |")
+    if reference.name not in group.memory:
+        return rows, "crashed, so nothing was timed"
+
+    noise = "peak memory of the first / last run " + " / ".join(
+        f"{r['peak_mb']:.0f} MB" for r in group.memory[reference.name])
+    if reference.name in group.timing:
+        noise += "; step time " + spread(group.timing[reference.name])
+        if reference.name in group.timing_default_malloc:
+            noise += "; with glibc's default malloc " + spread(group.timing_default_malloc[reference.name])
+    else:
+        noise += f"; timing crashed: {group.failures.get('timing', '')}"
+    return rows, noise
+
+
+def spread(times: Sequence[float]) -> str:
+    """The range of a baseline's step times, with a warning where it is wide."""
+    text = f"{min(times):.0f}-{max(times):.0f} ms over the {len(times)} rounds"
+    if (max(times) - min(times)) / statistics.median(times) > NOISE_WARNING:
+        text += " (the machine's load varied: trust the ratios, medians of paired steps, over the times)"
+    return text
+
+
+def decode_rows(group: Group, variants: Sequence[Variant]) -> List[str]:
+    """The decoding table rows of one group: sentences per second, speed ratio and target."""
+    reference = group.reference
+    if not group.decoding:
+        return [f"| {reference.label} | {flags_cell(reference)} | crashed: "
+                f"{group.failures.get('decoding', '')} | | |"]
+    sentences = sum(group.decode_sentences)
+    rows = []
+    for variant in (reference, *group.applicable(variants)):
+        rate = sentences / (sum(group.decoding[variant.name]) / 1000)
+        rows.append(f"| {variant.label} | {flags_cell(variant)} | {rate:.1f} | "
+                    f"{ratio_cell(speed_ratio(group, variant.name))} "
+                    f"| {target_cell(group, variant.name, ('speed',))} |")
+    return rows
+
+
+def target_lines(groups: Sequence[Group], prepare: Optional[Dict[str, Any]]) -> List[str]:
+    """How many of the measured targets were met, each missed one, and the prepare step's."""
+    checked, missed = 0, []
+    for group in groups:
+        for name in TARGETS:
+            for kind, ratio, bound, met in target_checks(group, name, list(CHECKS)):
+                checked += 1
+                if not met:
+                    missed.append(f"- MISSED: {VARIANTS_BY_NAME[name].label}, {group.title}: "
+                                  f"{CHECKS[kind][0]} {ratio:.2f} (target {CHECKS[kind][1]} {bound:.2f}).")
+    lines = [f"- Ratios: {checked - len(missed)} of {checked} targets met (the target columns above)."]
+    lines += missed
+    if prepare is not None:
+        rate = prepare["rates"][PREPARE_STEP]
+        met = rate >= PREPARE_TARGET
+        lines.append(f"- Structural prepare ({PREPARE_STEP}): {rate:,.0f} sentences/s on one core "
+                     f"(>= {PREPARE_TARGET:,}: {'met' if met else 'MISSED'}).")
+    return lines
+
+
+def prepare_lines(prepare: Dict[str, Any]) -> List[str]:
+    """The structural prepare section: the source and a table of sentences per second."""
+    lines = [
+        "", "**Structural prepare** (`scripts/benchmark_structure.py --skip-parse`: one process, "
+        f"one thread, the best of {prepare['repeat']} runs, the parse excluded) on "
+        f"`{display_path(prepare['conllu'])}`: {prepare['sentences']} sentences, "
+        f"{prepare['pieces_per_sentence']:.1f} BPE pieces per sentence ({prepare['bpe_merges']} "
+        "merges learned on its words).",
+        "", "| step | sentences/s (one core) |", "|---|---:|",
+    ]
+    lines += [f"| {step} | {rate:,.0f} |" for step, rate in prepare["rates"].items()]
+    return lines
+
+
+def render(groups: Sequence[Group], variants: Sequence[Variant], decode_variants: Sequence[Variant],
+           prepare: Optional[Dict[str, Any]], cli: argparse.Namespace, load: Tuple[float, float]) -> str:
+    """The report: header lines, the train-step table and the decoding table with a row group per
+    batch shape, the structural prepare table, the targets and the baselines' noise.
+
+    ``load`` is the 1-minute load average at the start and at the end of the run."""
+    sample = next((runs[0] for g in groups for runs in g.memory.values()), None)
+    if sample is None:
+        return "Every run crashed; see the log above.\n"
+    lines = header_lines(groups, cli, load, sample)
+    default_malloc = any(group.timing_default_malloc for group in groups)
+    default_header, default_rule = (" time ratio, default malloc |", "---:|") if default_malloc else ("", "")
+    lines += ["", "**Train step**", "",
+              f"| variant | flags | step time (ms) | time ratio |{default_header} peak memory (MB) "
+              "| memory ratio | target |",
+              f"|---|---|---:|---:|{default_rule}---:|---:|---|"]
+    notes = []
+    for group in groups:
+        rows, noise = group_rows(group, variants, default_malloc)
+        lines.append(f"| **{group.title}** |" + " |" * (6 + default_malloc))
+        lines += rows
+        notes.append(f"- Baseline, {group.title}: {noise}.")
+    decoding_groups = [group for group in groups if group.applicable(decode_variants)]
+    if decoding_groups:
+        lines += ["", f"**Beam search** (beam {BEAM_SIZE}, {cli.decode_length} tokens + EOS per "
+                  "hypothesis)", "", "| variant | flags | sentences/s | speed ratio | target |",
+                  "|---|---|---:|---:|---|"]
+        for group in decoding_groups:
+            lines.append(f"| **{group.title}** | | | | |")
+            lines += decode_rows(group, decode_variants)
+    if prepare is not None:
+        lines += prepare_lines(prepare)
+    lines += ["", "**Targets**", ""] + target_lines(groups, prepare)
+    return "\n".join(lines + ["", "**Noise**", ""] + notes) + "\n"
+

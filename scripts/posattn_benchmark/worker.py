@@ -1,0 +1,279 @@
+"""The worker subprocess: builds the batches and the models of one :class:`WorkerSpec` and measures
+them (peak memory of one model, round-robin train-step or beam-search times, or a torch.profiler
+table); the parent (:mod:`posattn_benchmark.runner`) reads its result line from stdout.
+"""
+
+import json
+import math
+import resource
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass
+from typing import Any, Dict, List, Optional, Tuple
+
+from posattn_benchmark.batches import (
+    BatchShape, add_structure, batches_digest, load_trees, make_batches, make_dictionary, make_lm_batches,
+)
+from posattn_benchmark.variants import LANGUAGE_MODELING, TRANSLATION, Variant
+
+RESULT_MARKER = "BENCHMARK_RESULT "
+LABEL_SMOOTHING = 0.1
+BEAM_SIZE = 5
+#: operators per table of ``--profile``
+PROFILE_ROWS = 15
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """What one worker subprocess measures (sent as JSON): ``memory`` of ``variants[0]`` alone,
+    the round-robin ``timing`` (train steps) or ``decoding`` (beam search, hypotheses of
+    ``decode_length`` tokens) of all ``variants`` (the first one is the reference), or a
+    torch.profiler ``profile`` of each variant's train steps. ``task``: ``translation`` (source,
+    target and structural side data) or ``language_modeling`` (blocks of ``shape.max_len`` tokens).
+    ``conllu``: the trees of the structural side data."""
+
+    mode: str
+    task: str
+    variants: Tuple[Variant, ...]
+    size_flags: Tuple[str, ...]
+    max_positions: int
+    shape: BatchShape
+    vocab_size: int
+    warmup: int
+    steps: int
+    seed: int
+    device: Optional[str]
+    threads: Optional[int]
+    conllu: str
+    decode_length: int
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> "WorkerSpec":
+        raw = json.loads(text)
+        raw["variants"] = tuple(
+            Variant(v["name"], v["label"], tuple(v["flags"]), v["arch"]) for v in raw["variants"]
+        )
+        raw["size_flags"] = tuple(raw["size_flags"])
+        raw["shape"] = BatchShape(**raw["shape"])
+        return cls(**raw)
+
+
+def model_input(variant: Variant, net_input: Dict[str, Any]) -> Dict[str, Any]:
+    """``net_input`` as ``variant``'s model takes it: ``src_structure`` for structural models only."""
+    if variant.structural:
+        return net_input
+    return {key: value for key, value in net_input.items() if key != "src_structure"}
+
+
+def peak_rss_mb() -> float:
+    """The process's peak resident set size so far (``ru_maxrss``: KiB on Linux, bytes on macOS)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 2**20 if sys.platform == "darwin" else peak / 2**10
+
+
+def model_sizes(model: Any) -> Dict[str, int]:
+    """Embedding and FFN size, layers per side and heads of a built fairseq transformer (or LM)."""
+    decoder = model.decoder
+    encoder = getattr(model, "encoder", None)
+    return {
+        "embed": decoder.embed_tokens.embedding_dim, "ffn": decoder.layers[0].fc1.out_features,
+        "encoder_layers": len(encoder.layers) if encoder is not None else 0,
+        "decoder_layers": len(decoder.layers), "heads": decoder.layers[0].self_attn.num_heads,
+    }
+
+
+class Worker:
+    """One subprocess's device, dictionary and batches, and the models it builds and trains."""
+
+    def __init__(self, spec: WorkerSpec):
+        import torch
+
+        self.spec = spec
+        if spec.threads is not None:
+            torch.set_num_threads(spec.threads)
+        self.device = torch.device(spec.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.dictionary = make_dictionary(spec.vocab_size)
+        count = spec.warmup + spec.steps
+        if spec.task == LANGUAGE_MODELING:
+            batches = make_lm_batches(self.dictionary, spec.shape, count, spec.seed)
+        else:
+            batches = make_batches(self.dictionary, spec.shape, count, spec.seed)
+            add_structure(batches, load_trees(spec.conllu), spec.seed)
+        self.digest = batches_digest(batches)
+        self.batch_shapes = [list(b["net_input"]["src_tokens"].shape) for b in batches]
+        self.batches = [
+            {"net_input": {k: v.to(self.device) for k, v in b["net_input"].items()},
+             "target": b["target"].to(self.device)}
+            for b in batches
+        ]
+
+    @property
+    def on_cuda(self) -> bool:
+        return self.device.type == "cuda"
+
+    def synchronize(self) -> None:
+        """Wait for the GPU's queued work (nothing to wait for on the CPU)."""
+        import torch
+
+        if self.on_cuda:
+            torch.cuda.synchronize()
+
+    def build(self, variant: Variant) -> Tuple[Any, Any]:
+        """Model and Adam optimizer of ``variant``, built as ``fairseq-train`` does (through
+        :func:`fairseq_posattn.models.building.build_model`)."""
+        import torch
+        from fairseq_posattn.models.building import DictionaryTask, build_model
+
+        positions = str(self.spec.max_positions)
+        if variant.task == LANGUAGE_MODELING:
+            task_flags = ["--task", LANGUAGE_MODELING, "--tokens-per-sample", positions]
+        else:
+            task_flags = ["--task", TRANSLATION, "--max-source-positions", positions]
+        argv = [*task_flags, "--arch", variant.arch, "--max-target-positions", positions,
+                "--dropout", "0.1", *self.spec.size_flags, *variant.flags]
+        # --task translation_structural provides the parse that structural variants read
+        task = DictionaryTask(self.dictionary, self.dictionary, provides_structure=variant.structural)
+        torch.manual_seed(self.spec.seed)
+        model = build_model(argv, task).to(self.device).train()
+        optimizer = torch.optim.Adam(model.parameters(), lr=5e-4, betas=(0.9, 0.98))
+        return model, optimizer
+
+    def step(self, variant: Variant, model: Any, optimizer: Any, batch: Dict[str, Any]) -> float:
+        """One train step (forward, label-smoothed cross entropy, backward, Adam); its time in ms.
+
+        Gradients are dropped after the update, so that idle models hold weights and Adam state only.
+        """
+        from fairseq.criterions.label_smoothed_cross_entropy import label_smoothed_nll_loss
+
+        pad = self.dictionary.pad()
+        net_input = model_input(variant, batch["net_input"])
+        self.synchronize()
+        start = time.perf_counter()
+        net_output = model(**net_input)
+        lprobs = model.get_normalized_probs(net_output, log_probs=True)
+        target = batch["target"]
+        epsilon = LABEL_SMOOTHING if variant.task == TRANSLATION else 0.0  # LM: cross entropy
+        loss, _ = label_smoothed_nll_loss(lprobs.view(-1, lprobs.size(-1)), target.view(-1),
+                                          epsilon, ignore_index=pad)
+        loss = loss / target.ne(pad).sum()
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        self.synchronize()
+        elapsed_ms = (time.perf_counter() - start) * 1000
+        if not math.isfinite(loss.item()):
+            raise FloatingPointError(f"loss is {loss.item()}")
+        return elapsed_ms
+
+    def memory(self) -> Dict[str, Any]:
+        """Peak memory (MB above the state before the model is built) of ``variants[0]`` alone, over
+        a step on the first batch (which allocates the Adam state) and one on the largest batch."""
+        import fairseq
+        import torch
+
+        if self.on_cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            before = torch.cuda.memory_allocated() / 2**20
+        else:
+            before = peak_rss_mb()
+        variant = self.spec.variants[0]
+        model, optimizer = self.build(variant)
+        largest = max(self.batches,
+                      key=lambda batch: batch["net_input"]["src_tokens"].numel() + batch["target"].numel())
+        for batch in (self.batches[0], largest):
+            self.step(variant, model, optimizer, batch)
+        peak = torch.cuda.max_memory_allocated() / 2**20 if self.on_cuda else peak_rss_mb()
+        return {
+            "peak_mb": peak - before,
+            "params": sum(p.numel() for p in model.parameters()),
+            "digest": self.digest,
+            "batch_shapes": self.batch_shapes,
+            "device": torch.cuda.get_device_name(self.device) if self.on_cuda else "cpu",
+            "threads": torch.get_num_threads(),
+            "torch": torch.__version__,
+            "fairseq": fairseq.__version__,
+            "sizes": model_sizes(model),
+        }
+
+    def timing(self) -> Dict[str, Any]:
+        """Step times of every variant, run round-robin: one step each per batch, order rotated."""
+        models = [(variant, *self.build(variant)) for variant in self.spec.variants]
+        step_ms: Dict[str, List[float]] = {variant.name: [] for variant in self.spec.variants}
+        for index, batch in enumerate(self.batches):
+            shift = index % len(models)
+            for variant, model, optimizer in models[shift:] + models[:shift]:
+                elapsed_ms = self.step(variant, model, optimizer, batch)
+                if index >= self.spec.warmup:
+                    step_ms[variant.name].append(elapsed_ms)
+        return {"step_ms": step_ms, "digest": self.digest}
+
+    def decode(self, variant: Variant, model: Any, generator: Any, batch: Dict[str, Any]) -> float:
+        """Beam search on one batch, as ``fairseq-generate`` runs it; its time in ms."""
+        self.synchronize()
+        start = time.perf_counter()
+        hypotheses = generator.generate([model], {"net_input": model_input(variant, batch["net_input"])})
+        self.synchronize()
+        elapsed_ms = (time.perf_counter() - start) * 1000
+        lengths = {h["tokens"].numel() for beam in hypotheses for h in beam}
+        if lengths != {self.spec.decode_length + 1}:
+            raise RuntimeError(f"{variant.name}: hypotheses of {sorted(lengths)} tokens, expected "
+                               f"{self.spec.decode_length} and EOS")
+        return elapsed_ms
+
+    def decoding(self) -> Dict[str, Any]:
+        """Beam-search times of every variant in eval mode, round-robin as in :meth:`timing`, with
+        every hypothesis forced to ``decode_length`` tokens (``min_len = max_len_b``)."""
+        from fairseq.sequence_generator import SequenceGenerator
+
+        length = self.spec.decode_length
+        models = []
+        for variant in self.spec.variants:
+            model = self.build(variant)[0].eval()
+            generator = SequenceGenerator([model], self.dictionary, beam_size=BEAM_SIZE,
+                                          max_len_a=0, max_len_b=length, min_len=length)
+            models.append((variant, model, generator))
+        decode_ms: Dict[str, List[float]] = {variant.name: [] for variant in self.spec.variants}
+        for index, batch in enumerate(self.batches):
+            shift = index % len(models)
+            for variant, model, generator in models[shift:] + models[:shift]:
+                elapsed_ms = self.decode(variant, model, generator, batch)
+                if index >= self.spec.warmup:
+                    decode_ms[variant.name].append(elapsed_ms)
+        sentences = [len(b["net_input"]["src_tokens"]) for b in self.batches[self.spec.warmup:]]
+        return {"decode_ms": decode_ms, "sentences": sentences, "batch_shapes": self.batch_shapes,
+                "digest": self.digest}
+
+    def profile(self) -> Dict[str, Any]:
+        """Each variant in turn: warm-up steps, then the timed steps under torch.profiler; the
+        operators with the most self time (CPU, or CUDA on a GPU) and the mean step time."""
+        from torch.profiler import ProfilerActivity, profile
+
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.on_cuda else [])
+        sort_by = "self_cuda_time_total" if self.on_cuda else "self_cpu_time_total"
+        tables, step_ms = {}, {}
+        for variant in self.spec.variants:
+            model, optimizer = self.build(variant)
+            for batch in self.batches[: self.spec.warmup]:
+                self.step(variant, model, optimizer, batch)
+            with profile(activities=activities) as profiler:
+                times = [self.step(variant, model, optimizer, batch)
+                         for batch in self.batches[self.spec.warmup:]]
+            tables[variant.name] = profiler.key_averages().table(sort_by=sort_by, row_limit=PROFILE_ROWS)
+            step_ms[variant.name] = statistics.mean(times)
+            del model, optimizer
+        return {"tables": tables, "step_ms": step_ms, "digest": self.digest}
+
+
+def worker_main(spec_json: str) -> None:
+    spec = WorkerSpec.from_json(spec_json)
+    worker = Worker(spec)
+    modes = {"memory": worker.memory, "timing": worker.timing, "decoding": worker.decoding,
+             "profile": worker.profile}
+    result = modes[spec.mode]()
+    print(RESULT_MARKER + json.dumps(result), flush=True)
+
