@@ -4,13 +4,12 @@ and fairseq-interactive from the saved checkpoint in fresh processes, resume (di
 
 import os
 import re
-from typing import List
 
 import pytest
 import torch
 
 from cli_helpers import binarize, hypotheses, prepare_sample, run, run_failing
-from model_helpers import REPO, USER_DIR
+from model_helpers import USER_DIR
 
 pytestmark = pytest.mark.slow
 

@@ -149,10 +149,6 @@ def options_of(side: str) -> List[MethodOption]:
     return [option for method in methods_of(side) for option in method.options]
 
 
-def find_option(name: str) -> Optional[MethodOption]:
-    return next((o for m in REGISTRY.values() for o in m.options if o.name == name), None)
-
-
 def variant_flags(side: str, values: Mapping[str, Any]) -> List[str]:
     """Command-line flags of a variant's option values on ``side``."""
     flags: List[str] = []
@@ -172,7 +168,3 @@ def all_variants(side: Optional[str] = None) -> Dict[str, Mapping[str, Any]]:
         if side is None or side in method.sides:
             found.update(method.variants)
     return found
-
-
-def sequence(values: Sequence[Any]) -> Tuple[Any, ...]:
-    return tuple(values)
