@@ -18,14 +18,12 @@ from typing import Callable, Dict, List, Tuple
 
 import pytest
 import torch
-from fairseq import models
 from fairseq.data import Dictionary
-from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 from torch import Tensor, nn
 
 from fairseq_posattn.modules.attention import PositionAwareMultiheadAttention
 from fairseq_posattn.modules.position_terms.distance_aware import DistanceAwareScaling
-from model_helpers import SIDE_VARIANTS, TINY, TINY_LM, TinyTask, parse_model_args, randomized, side_flags
+from model_helpers import SIDE_VARIANTS, TINY, TINY_LM, TinyTask, build_model, randomized, side_flags
 
 PAD = 1
 NO_DROPOUT = ["--dropout", "0", "--attention-dropout", "0"]
@@ -98,8 +96,7 @@ class Family:
 
 def build_with(arch: str, tiny: List[str], task_factory: Callable[[], object]) -> Callable[[List[str]], nn.Module]:
     def build(flags: List[str]) -> nn.Module:
-        cfg = convert_namespace_to_omegaconf(parse_model_args(arch, [*NO_DROPOUT, *flags], tiny))
-        model = models.build_model(cfg.model, task_factory())
+        model = build_model(arch, [*NO_DROPOUT, *flags], task_factory(), tiny)
         if hasattr(model, "register_classification_head"):
             model.register_classification_head("head", num_classes=3)
         return model

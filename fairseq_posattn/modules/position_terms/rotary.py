@@ -9,7 +9,7 @@ key is rotated once, at its own step, before it enters the cache. The angles and
 computed in fp32 and cast back to the model's dtype. No parameters; applied in every layer.
 """
 
-from typing import Any, List, Tuple
+from typing import Any, List, Optional, Tuple
 
 import torch
 from torch import Tensor, nn
@@ -27,6 +27,12 @@ from fairseq_posattn.modules.position_terms.registry import (
 )
 
 ROTARY_BASE = 10000.0
+
+
+def rotary_frequencies(head_dim: int, dtype: torch.dtype, device: Optional[torch.device] = None) -> Tensor:
+    """``theta_k = 10000^(-2k / d_h)`` of the ``d_h / 2`` pairs of dimensions."""
+    pairs = torch.arange(0, head_dim, 2, device=device, dtype=dtype)
+    return ROTARY_BASE ** (-pairs / head_dim)
 
 
 def rotate_pairs(x: Tensor, angles: Tensor) -> Tensor:
@@ -51,8 +57,7 @@ class RotaryEmbedding(QueryKeyTransform):
         positions, _ = ctx.query_key_positions(tgt_len, ctx.length)  # the current tokens'
         # computed per call in fp32 (fp64 for a double model): a buffer would be cast to fp16 by --fp16
         dtype = at_least_fp32(q.dtype)
-        pairs = torch.arange(0, self.head_dim, 2, device=q.device, dtype=dtype)
-        frequencies = ROTARY_BASE ** (-pairs / self.head_dim)
+        frequencies = rotary_frequencies(self.head_dim, dtype, q.device)
         angles = positions.to(dtype)[:, None, :, None] * frequencies  # B|1 x 1 x T x d/2
         return rotate_pairs(q, angles), rotate_pairs(k, angles)
 
@@ -61,8 +66,7 @@ class RotaryEmbedding(QueryKeyTransform):
         query and a key equal to the same vector of ones, over ``|q| |k|``, i.e. the mean over the
         pairs k of ``cos((i - j) theta_k)``, for the first ``positions`` positions (every head alike)."""
         distance = torch.arange(-(positions - 1), positions, dtype=torch.float64)
-        frequencies = ROTARY_BASE ** (-torch.arange(0, self.head_dim, 2, dtype=torch.float64) / self.head_dim)
-        pattern = torch.cos(distance[:, None] * frequencies).mean(dim=1)
+        pattern = torch.cos(distance[:, None] * rotary_frequencies(self.head_dim, torch.float64)).mean(dim=1)
         return [Quantity("angle-pattern", pattern[None].float(), CURVE,
                          "rotation's effect on q_i . k_j of equal contents (every head)",
                          axes=("i - j (query position minus key position)", "mean cos((i - j) theta_k)"),
