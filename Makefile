@@ -6,7 +6,7 @@ PIP := $(PY) -m pip --disable-pip-version-check
 STAMP := $(VENV)/.fairseq-posattn-installed
 FAIRSEQ := fairseq-fixed==0.12.3.1
 
-.PHONY: install quickstart test test-fast benchmark gpu-check clean
+.PHONY: install quickstart test test-fast benchmark gpu-check check-install clean
 
 install: $(STAMP)
 
@@ -41,6 +41,11 @@ benchmark: install
 # one report in gpu-check-output/ (sized for about 8 minutes on one H100). GPU_CHECK_ARGS=--quick: less.
 gpu-check: install
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) scripts/gpu_check.py --output gpu-check-output $(GPU_CHECK_ARGS)
+
+# README "Install into your own environment", checked: a fresh virtualenv with torch and fairseq first,
+# then `pip install` of this package (a clean copy of the working tree); torch and fairseq must stay.
+check-install:
+	bash scripts/check_install.sh check-install-output
 
 clean:
 	rm -rf quickstart-output benchmark-output .pytest_cache

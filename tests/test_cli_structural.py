@@ -100,7 +100,7 @@ def test_misaligned_side_data_is_refused(structural_corpus, tmp_path):
     result = run_failing("posattn-prepare-structure", [
         "--conllu", f"{prepared}/test.conllu", "--bpe", str(short), "--destdir", str(data_bin),
         "--split", "test", "--source-lang", "en", "--target-lang", "de"])
-    assert "more sentences" in result.stderr
+    assert f"{short} has {LINES - 1} lines, {prepared}/test.conllu has {LINES} sentences" in result.stderr
     # nothing half-written: the good side data from before is still there and complete
     assert os.path.exists(data_bin / "test.en-de.en.structure.bin")
     assert not [p for p in os.listdir(data_bin) if ".tmp" in p]

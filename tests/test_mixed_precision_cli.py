@@ -10,6 +10,7 @@ import os
 import re
 from typing import Dict, List
 
+import numpy as np
 import pytest
 import torch
 from fairseq import checkpoint_utils, metrics, options
@@ -77,7 +78,50 @@ def test_rmsprop_equals_torch_rmsprop(settings):
 
 def test_rmsprop_defaults_are_keras():
     optimizer = FairseqRMSprop(RMSpropConfig(lr=[1e-3]), [torch.nn.Parameter(torch.zeros(2))])
-    assert optimizer.optimizer_config == {"lr": 1e-3, "alpha": 0.9, "eps": 1e-7, "momentum": 0.0, "weight_decay": 0.0}
+    assert optimizer.optimizer_config == {"lr": 1e-3, "alpha": 0.9, "eps": 1e-7, "momentum": 0.0, "weight_decay": 0.0,
+                                          "eps_placement": "outside-root"}
+
+
+def keras3_rmsprop(weights: np.ndarray, grads: List[np.ndarray], lr: float, rho: float, eps: float,
+                   momentum: float) -> np.ndarray:
+    """Keras 3's (and tf.keras's) non-centered RMSprop step, written out in float64:
+    v <- rho v + (1 - rho) g^2; m <- momentum m + lr g / sqrt(v + eps); w <- w - m."""
+    velocity, buffer = np.zeros_like(weights), np.zeros_like(weights)
+    for grad in grads:
+        velocity = rho * velocity + (1 - rho) * grad ** 2
+        buffer = momentum * buffer + lr * grad / np.sqrt(velocity + eps)
+        weights = weights - buffer
+    return weights
+
+
+@pytest.mark.parametrize("momentum", [0.0, 0.9])
+def test_rmsprop_inside_root_is_keras3(momentum):
+    """``--rmsprop-eps-placement inside-root`` against Keras 3's rule, with an eps large enough
+    (1e-3) that the two placements differ clearly."""
+    config = RMSpropConfig(lr=[0.01], rmsprop_eps=1e-3, rmsprop_momentum=momentum,
+                           rmsprop_eps_placement="inside-root")
+    start = [w.double() for w in start_weights()]
+    ours = [torch.nn.Parameter(w.clone()) for w in start]
+    grads = [[g.double() for g in step] for step in gradients(5)]
+    run_steps(FairseqRMSprop(config, ours).optimizer, ours, grads)
+    for index, (param, weights) in enumerate(zip(ours, start)):
+        expected = keras3_rmsprop(weights.numpy(), [step[index].numpy() for step in grads], lr=0.01, rho=0.9,
+                                  eps=1e-3, momentum=momentum)
+        np.testing.assert_allclose(param.detach().numpy(), expected, rtol=1e-10, atol=1e-12)
+    outside = [torch.nn.Parameter(w.clone()) for w in start]
+    run_steps(FairseqRMSprop(RMSpropConfig(lr=[0.01], rmsprop_eps=1e-3, rmsprop_momentum=momentum), outside).optimizer,
+              outside, grads)
+    assert max((a - b).abs().max().item() for a, b in zip(ours, outside)) > 1e-4
+
+
+def test_rmsprop_eps_placement_from_the_command_line():
+    parser = options.get_training_parser()
+    args = options.parse_args_and_arch(parser, [
+        "data", "--arch", "transformer", "--optimizer", "rmsprop", "--lr", "0.001",
+        "--rmsprop-eps-placement", "inside-root"])
+    assert args.rmsprop_eps_placement == "inside-root"
+    with pytest.raises(ValueError, match="--rmsprop-eps-placement must be one of outside-root, inside-root"):
+        FairseqRMSprop(RMSpropConfig(lr=[1e-3], rmsprop_eps_placement="inside"), [torch.nn.Parameter(torch.zeros(2))])
 
 
 def test_rmsprop_on_one_flat_parameter_equals_per_parameter():

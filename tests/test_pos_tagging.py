@@ -279,7 +279,7 @@ def validation_scores(output: str) -> dict:
 @pytest.mark.parametrize("flags", [
     ["--position-embedding", "add"],
     ["--position-embedding", "none", "--encoder-direct-position", "both"],
-    ["--encoder-conv-attention", "1d"],
+    ["--encoder-conv-attention", "1d", "--rmsprop-eps-placement", "inside-root"],
 ])
 def test_prepare_train_validate_tag(tmp_path, flags):
     data, save = str(tmp_path / "bin"), str(tmp_path / "checkpoints")

@@ -26,11 +26,19 @@ TOKENS_PER_SAMPLE=${TOKENS_PER_SAMPLE:-35}        # the positional LSTM's normal
 MAX_TARGET_POSITIONS=${MAX_TARGET_POSITIONS:-128} # >= longest PTB sentence + eos (83): no truncation
 
 # Budget, the same for every model.
-MAX_UPDATE=${MAX_UPDATE:-250}
+MAX_UPDATE=${MAX_UPDATE:-250}                     # 0: no limit (then STOP_TIME_HOURS or MAX_EPOCH)
+MAX_EPOCH=${MAX_EPOCH:-0}                         # 0: no limit
+STOP_TIME_HOURS=${STOP_TIME_HOURS:-0}             # fairseq's --stop-time-hours (training time, kept over resumes); 0: none
 BATCH_SIZE=${BATCH_SIZE:-32}                      # samples per update, whatever the number of GPUs
+OPTIMIZER=${OPTIMIZER:-adam}                      # adam: Adam + inverse-sqrt warm-up (LR, WARMUP);
+                                                  # paper: Dagan's SGD (LR, e.g. 30), lr x 0.5 after 5 epochs
+                                                  # without a lower valid loss, clip-norm 0.25 (needs VALIDATE=1)
 LR=${LR:-0.001}
 WARMUP=${WARMUP:-100}
-DROPOUT=${DROPOUT:-0.1}
+DROPOUT=${DROPOUT-0.1}                            # empty: no --dropout (the LSTM LMs' own 0.5 / 0.2 / 0.5)
+VALIDATE=${VALIDATE:-0}                           # 1: validate every epoch (learning curves), else none
+SEED=${SEED:-1}
+EVAL_CHECKPOINT=${EVAL_CHECKPOINT:-checkpoint_last.pt}   # or checkpoint_best.pt (needs VALIDATE=1)
 EVAL_MAX_TOKENS=${EVAL_MAX_TOKENS:-4096}
 
 # Sizes: tiny, for a CPU.  The papers' sizes (GPU):
@@ -87,26 +95,41 @@ model_flags() {
     esac
 }
 
+case "$OPTIMIZER" in
+    adam)  OPTIM_FLAGS=(--optimizer adam --adam-betas '(0.9, 0.98)' --clip-norm 1.0 --lr "$LR"
+                        --lr-scheduler inverse_sqrt --warmup-updates "$WARMUP" --warmup-init-lr 1e-07) ;;
+    paper) OPTIM_FLAGS=(--optimizer sgd --clip-norm 0.25 --lr "$LR"
+                        --lr-scheduler reduce_lr_on_plateau --lr-shrink 0.5 --lr-patience 5) ;;
+    *) echo "run_ptb.sh: OPTIMIZER must be adam or paper, got '$OPTIMIZER'" >&2; exit 2 ;;
+esac
+STOP_FLAGS=(--max-update "$MAX_UPDATE" --max-epoch "$MAX_EPOCH" --stop-time-hours "$STOP_TIME_HOURS")
+if [ "$VALIDATE" = 1 ]; then VALID_FLAGS=(); else VALID_FLAGS=(--disable-validation); fi
+DROPOUT_FLAGS=()
+[ -n "$DROPOUT" ] && DROPOUT_FLAGS=(--dropout "$DROPOUT")
+
 COMMON_DATA="--task language_modeling --user-dir $USER_DIR --sample-break-mode $BREAK_MODE --tokens-per-sample $TOKENS_PER_SAMPLE --max-target-positions $MAX_TARGET_POSITIONS"
 
 train_and_eval() {
     local name=$1 ckdir="$OUT/checkpoints/$1" start end
     mkdir -p "$ckdir"
-    # shellcheck disable=SC2046
-    start=$(date +%s)
-    OMP_NUM_THREADS=$THREADS MKL_NUM_THREADS=$THREADS fairseq-train "$DATA" $COMMON_DATA $(model_flags "$name") \
-        --dropout "$DROPOUT" --optimizer adam --adam-betas '(0.9, 0.98)' --clip-norm 1.0 \
-        --lr "$LR" --lr-scheduler inverse_sqrt --warmup-updates "$WARMUP" --warmup-init-lr 1e-07 \
-        --batch-size "$SIZE_PER_DEVICE" --update-freq "$UPDATE_FREQ_PER_DEVICE" --required-batch-size-multiple 1 \
-        --max-update "$MAX_UPDATE" "${PRECISION_FLAGS[@]}" \
-        --disable-validation --no-epoch-checkpoints --save-dir "$ckdir" --seed 1 --num-workers 0 \
-        --log-format simple --log-interval 100 "${DEVICE_FLAGS[@]}" > "$OUT/logs/train.$name.log" 2>&1
-    end=$(date +%s)
-    echo "wall_seconds $((end - start))" >> "$OUT/logs/train.$name.log"
+    start=$(date +%s) end=$(date +%s)
+    # a finished training is not run again (fairseq-train would make one more update); an
+    # interrupted one resumes from its checkpoint_last.pt
+    if ! grep -q "done training" "$OUT/logs/train.$name.log" 2>/dev/null; then
+        # shellcheck disable=SC2046
+        OMP_NUM_THREADS=$THREADS MKL_NUM_THREADS=$THREADS fairseq-train "$DATA" $COMMON_DATA $(model_flags "$name") \
+            "${DROPOUT_FLAGS[@]}" "${OPTIM_FLAGS[@]}" \
+            --batch-size "$SIZE_PER_DEVICE" --update-freq "$UPDATE_FREQ_PER_DEVICE" --required-batch-size-multiple 1 \
+            "${STOP_FLAGS[@]}" "${PRECISION_FLAGS[@]}" \
+            "${VALID_FLAGS[@]}" --no-epoch-checkpoints --save-dir "$ckdir" --seed "$SEED" --num-workers 0 \
+            --log-format simple --log-interval 100 "${DEVICE_FLAGS[@]}" > "$OUT/logs/train.$name.log" 2>&1
+        end=$(date +%s)
+        echo "wall_seconds $((end - start))" >> "$OUT/logs/train.$name.log"
+    fi
     # fresh processes, from the checkpoint; every target token incl. end of sentence is scored
     for subset in valid test; do
         OMP_NUM_THREADS=$THREADS MKL_NUM_THREADS=$THREADS fairseq-eval-lm "$DATA" \
-            --user-dir "$USER_DIR" --path "$ckdir/checkpoint_last.pt" --gen-subset "$subset" \
+            --user-dir "$USER_DIR" --path "$ckdir/$EVAL_CHECKPOINT" --gen-subset "$subset" \
             --sample-break-mode "$BREAK_MODE" --tokens-per-sample "$TOKENS_PER_SAMPLE" \
             --max-target-positions "$MAX_TARGET_POSITIONS" --max-tokens "$EVAL_MAX_TOKENS" \
             --num-workers 0 "${DEVICE_FLAGS[@]}" > "$OUT/logs/eval.$name.$subset.log" 2>&1

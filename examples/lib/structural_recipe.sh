@@ -18,10 +18,15 @@ declare -A ROW_FLAGS=(
     [8]="--encoder-relative-positions $SEQ_REL_CLIP --encoder-structural-positions absolute $STRUCT_ABS"
     [9]="--encoder-relative-positions $SEQ_REL_CLIP --encoder-structural-positions both $STRUCT_ABS $STRUCT_REL"
 )
+# systems a recipe offers beside Table 1's rows (multi30k_en_de: the sequential methods), declared
+# by the recipe as the associative array EXTRA_ROW_FLAGS before it sources this file
+if declare -p EXTRA_ROW_FLAGS &> /dev/null; then
+    for row in "${!EXTRA_ROW_FLAGS[@]}"; do ROW_FLAGS[$row]="${EXTRA_ROW_FLAGS[$row]}"; done
+fi
 # the rows a recipe offers are the keys of its ROW_NAME
 for row in $VARIANTS; do
     [[ -n "${ROW_NAME[$row]:-}" ]] || {
-        echo "run.sh: VARIANTS takes Table 1 rows $(printf '%s ' "${!ROW_NAME[@]}" | tr ' ' '\n' | sort -n | xargs), got '$row'" >&2
+        echo "run.sh: VARIANTS takes $(printf '%s ' "${!ROW_NAME[@]}" | tr ' ' '\n' | sort -n | xargs), got '$row'" >&2
         exit 2
     }
 done

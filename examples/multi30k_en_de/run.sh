@@ -21,8 +21,9 @@ if [[ "${1:-}" == "--dry-run" ]]; then DRY_RUN=1; shift; fi
 # ---- settings ------------------------------------------------------------------------------------
 DATA="${1:-${MULTI30K_DIR:-$(dirname "$REPO_ROOT")/shared/data/multi30k}}"
 OUT="${OUT:-$REPO_ROOT/multi30k-output}"
+PREP_OUT="${PREP_OUT:-$OUT}"          # raw/, prepared/, data-bin/: one prepared copy can serve several OUTs
 PRESET="${PRESET:-small}"            # small: 21 min on 2 idle CPU cores; paper: transformer_posattn_iwslt_de_en, GPU
-VARIANTS="${VARIANTS:-4 5 6}"        # Table 1 rows to train, the first is the baseline of the table
+VARIANTS="${VARIANTS:-4 5 6}"        # Table 1 rows (or sequential methods below) to train, the first is the baseline
 STEPS="${STEPS:-prepare parse binarize structure train generate compare}"
 FUSION="${FUSION:-nonlinear}"        # absolute structural + sequential: the paper's non-linear fusion (Eq. 7)
 STRUCT_CLIP="${STRUCT_CLIP:-16}"     # r, relative structural clip (paper: 16)
@@ -30,6 +31,7 @@ SEQ_REL_CLIP="${SEQ_REL_CLIP:-16}"   # k, Shaw's relative sequential clip (rows 
 BPE_MERGES="${BPE_MERGES:-5000}"
 SEED="${SEED:-1}"
 BEAM=5
+GEN_SUBSETS="${GEN_SUBSETS:-test}"   # splits to translate: test (test_2016_flickr) and/or valid
 UPDATE_FREQ="${UPDATE_FREQ:-1}"      # steps per update on ONE device: MAX_TOKENS x UPDATE_FREQ tokens per update
 EXTRA_TRAIN_FLAGS="${EXTRA_TRAIN_FLAGS:-}"   # more fairseq-train flags (precision: PRECISION=fp16|bf16|amp)
 case "$PRESET" in
@@ -58,14 +60,25 @@ TRAIN_FLAGS=("${MODEL_FLAGS[@]}" --optimizer adam --adam-betas "(0.9, 0.98)" --c
              --no-epoch-checkpoints --log-format simple --log-interval 100)
 # --------------------------------------------------------------------------------------------------
 
-# Table 1 rows offered, with their names (flags: examples/lib/structural_recipe.sh)
+# Table 1 rows offered, with their names (flags: examples/lib/structural_recipe.sh), and the
+# sequential methods on the same recipe (no structure): DA-Transformer and Transformer-RPR on both
+# sides, Dufter et al.'s SAN+P+R, +Conv2d and +Temp on the encoder
 declare -A ROW_NAME=([1]="1:none" [2]="2:struct-abs" [3]="3:struct-rel" [4]="4:seq-abs"
                      [5]="5:seq-abs+struct-abs" [6]="6:seq-abs+struct-abs+rel" [7]="7:seq-abs+rel"
-                     [8]="8:seq-abs+rel+struct-abs" [9]="9:seq-abs+rel+struct-abs+rel")
+                     [8]="8:seq-abs+rel+struct-abs" [9]="9:seq-abs+rel+struct-abs+rel"
+                     [da]="da:DA-Transformer" [rpr]="rpr:Transformer-RPR" [pr]="pr:SAN+P+R"
+                     [conv2d]="conv2d:+Conv2d" [temp]="temp:+Temp")
+declare -A EXTRA_ROW_FLAGS=(
+    [da]="--encoder-distance-aware --decoder-distance-aware"
+    [rpr]="--encoder-relative-positions $SEQ_REL_CLIP --decoder-relative-positions $SEQ_REL_CLIP"
+    [pr]="--encoder-no-token-positional-embeddings --encoder-direct-position both"
+    [conv2d]="--encoder-conv-attention 2d"
+    [temp]="--encoder-learnable-temperature"
+)
 source "$REPO_ROOT/examples/lib/structural_recipe.sh"  # Table 1 row flags, run/want/stamp, shared steps
 
 USER_DIR="$REPO_ROOT/fairseq_posattn"
-RAW="$OUT/raw"; PREPARED="$OUT/prepared"; DATA_BIN="$OUT/data-bin"; LOGS="$OUT/logs"
+RAW="$PREP_OUT/raw"; PREPARED="$PREP_OUT/prepared"; DATA_BIN="$PREP_OUT/data-bin"; LOGS="$OUT/logs"
 SRC=en; TGT=de
 SPLITS=(train valid test)
 declare -A RAW_NAME=([train]=train [valid]=val [test]=test_2016_flickr)
@@ -130,18 +143,23 @@ if want train; then
     done
 fi
 
-# 6. beam search on test_2016_flickr; --required-batch-size-multiple 1 or fairseq drops the last batch
+# 6. beam search on test_2016_flickr (and valid with GEN_SUBSETS="valid test"); --required-batch-size-multiple 1
+#    or fairseq drops the last batch
 generate_row() {
-    local row="$1"
-    run "$LOGS/generate-$(tag "$row").log" fairseq-generate "$DATA_BIN" --user-dir "$USER_DIR" \
-        --task translation_structural --source-lang $SRC --target-lang $TGT \
-        --path "$OUT/checkpoints/$(tag "$row")/checkpoint_best.pt" --gen-subset test \
-        --beam $BEAM --max-len-a 1.5 --max-len-b 10 --remove-bpe \
-        --batch-size 128 --required-batch-size-multiple 1 "${DEVICE_FLAGS[@]}" \
-        --results-path "$OUT/generate/$(tag "$row")"
+    local row="$1" subset log
+    for subset in $GEN_SUBSETS; do
+        log="$LOGS/generate-$(tag "$row").log"
+        [[ "$subset" == test ]] || log="$LOGS/generate-$subset-$(tag "$row").log"
+        run "$log" fairseq-generate "$DATA_BIN" --user-dir "$USER_DIR" \
+            --task translation_structural --source-lang $SRC --target-lang $TGT \
+            --path "$OUT/checkpoints/$(tag "$row")/checkpoint_best.pt" --gen-subset "$subset" \
+            --beam $BEAM --max-len-a 1.5 --max-len-b 10 --remove-bpe \
+            --batch-size 128 --required-batch-size-multiple 1 "${DEVICE_FLAGS[@]}" \
+            --results-path "$OUT/generate/$(tag "$row")"
+    done
 }
 if want generate; then
-    stamp "generate: test_2016_flickr, beam $BEAM"
+    stamp "generate: $GEN_SUBSETS, beam $BEAM"
     # shellcheck disable=SC2086
     in_parallel generate_row $VARIANTS
 fi

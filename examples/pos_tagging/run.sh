@@ -25,9 +25,13 @@ PARALLEL=${PARALLEL:-2}                 # trainings at once
 THREADS=${THREADS:-1}                   # OMP threads per training
 TAG_COLUMN=${TAG_COLUMN:-upos}
 # Budget, the same for every run (the paper: RMSprop, early stopping with 3 epochs' patience).
-MAX_UPDATE=${MAX_UPDATE:-500}
+MAX_UPDATE=${MAX_UPDATE:-500}           # 0: no limit (then PATIENCE or MAX_EPOCH stops)
 MAX_TOKENS=${MAX_TOKENS:-2000}          # words per update, whatever the number of GPUs
-VALIDATE_EVERY=${VALIDATE_EVERY:-50}    # updates between dev evaluations (the learning curves)
+VALIDATE_EVERY=${VALIDATE_EVERY:-50}    # updates between dev evaluations (the learning curves); 0: every epoch
+PATIENCE=${PATIENCE:-0}                 # >0: stop after that many dev evaluations without a better accuracy
+                                        # (the paper's early stopping: PATIENCE=3 with VALIDATE_EVERY=0)
+MAX_EPOCH=${MAX_EPOCH:-0}               # 0: no limit
+CHECKPOINT=${CHECKPOINT:-checkpoint_last.pt}   # scored and tagged; checkpoint_best.pt with early stopping
 LR=${LR:-0.001}
 # -------------------------------------------------------------------------------------------------
 
@@ -61,7 +65,7 @@ train_and_score() {
         OMP_NUM_THREADS=$THREADS MKL_NUM_THREADS=$THREADS fairseq-train "$DATA" --user-dir "$USER_DIR" \
             --task pos_tagging --criterion pos_tagging --arch san_tagger ${VARIANT_FLAGS[$variant]} \
             --optimizer rmsprop --lr "$LR" --max-tokens "$SIZE_PER_DEVICE" --update-freq "$UPDATE_FREQ_PER_DEVICE" \
-            --max-update "$MAX_UPDATE" "${PRECISION_FLAGS[@]}" \
+            --max-update "$MAX_UPDATE" --max-epoch "$MAX_EPOCH" --patience "$PATIENCE" "${PRECISION_FLAGS[@]}" \
             --validate-interval-updates "$VALIDATE_EVERY" --save-interval-updates "$VALIDATE_EVERY" \
             --keep-interval-updates 1 --no-epoch-checkpoints --save-dir "$run/checkpoints" \
             --best-checkpoint-metric accuracy --maximize-best-checkpoint-metric \
@@ -72,9 +76,9 @@ train_and_score() {
     local subsets=valid
     [[ -n "$TEST" ]] && subsets=valid,test
     OMP_NUM_THREADS=$THREADS fairseq-validate "$DATA" --user-dir "$USER_DIR" --task pos_tagging \
-        --path "$run/checkpoints/checkpoint_last.pt" --valid-subset "$subsets" --max-tokens 4000 \
+        --path "$run/checkpoints/$CHECKPOINT" --valid-subset "$subsets" --max-tokens 4000 \
         --num-workers 0 "${DEVICE_FLAGS[@]}" > "$run/validate.log" 2>&1 || { tail -n 20 "$run/validate.log" >&2; return 1; }
-    OMP_NUM_THREADS=$THREADS posattn-tag "$DATA" --path "$run/checkpoints/checkpoint_last.pt" \
+    OMP_NUM_THREADS=$THREADS posattn-tag "$DATA" --path "$run/checkpoints/$CHECKPOINT" \
         --input "$DEV" --output "$run/dev.pred.conllu" "${DEVICE_FLAGS[@]}" > "$run/tag.log" 2>&1
     echo "done ${VARIANT_NAME[$variant]} seed $seed"
 }

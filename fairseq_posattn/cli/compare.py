@@ -5,8 +5,10 @@ signatures, 95% confidence intervals and paired bootstrap p-values.
 
 Each system is NAME=PATH; the first is the baseline. PATH is a ``fairseq-generate --remove-bpe`` output
 (its ``H-<id>`` lines are put in id order and Moses-detokenized) or a plain file of detokenized
-hypotheses, one per reference line (``--input-format`` to force either). ``--ref`` takes the raw
-reference file; repeat it for multi-reference test sets (NIST: four).
+hypotheses, one per reference line (``--input-format`` to force either). A system still in BPE (more
+than 1% of its hypotheses hold ``@@ `` markers: generated without ``--remove-bpe``) is refused;
+``--remove-bpe`` joins the pieces of every system instead. ``--ref`` takes the raw reference file;
+repeat it for multi-reference test sets (NIST: four).
 
 Columns: sacreBLEU on detokenized text; the difference to the baseline; the bootstrap mean and the
 half-width of its 95% interval; the p-value of sacrebleu's paired bootstrap resampling (Koehn 2004)
@@ -18,11 +20,10 @@ the resampling is sacrebleu's: ``SACREBLEU_SEED`` (default 12345), shown in the 
 """
 
 import argparse
-import sys
 from typing import List, Optional, Tuple
 
-from fairseq_posattn.cli import setup_logging
-from fairseq_posattn.cli.score import target_language
+from fairseq_posattn.cli import reported_errors, setup_logging
+from fairseq_posattn.cli.score import add_remove_bpe_option, target_language
 from fairseq_posattn.data.significance import (INPUT_FORMATS, compare_systems, markdown_table, read_references,
                                                read_system)
 
@@ -60,6 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--paired-jobs", type=int, default=1,
                         help="processes for the paired tests, one per system at most; 0 = automatic "
                              "(default: %(default)s)")
+    add_remove_bpe_option(parser)
     return parser
 
 
@@ -70,15 +72,14 @@ def main(argv: Optional[List[str]] = None) -> None:
         parser.error("give a baseline and at least one other system")
     setup_logging()
     lang = target_language(argparse.Namespace(target_lang=args.target_lang, ref=args.ref[0]), parser)
-    try:
+    with reported_errors("posattn-compare"):
         references = read_references(args.ref)
-        systems = [(name, read_system(path, lang, args.ref[0], len(references[0]), args.input_format))
+        systems = [(name, read_system(path, lang, args.ref[0], len(references[0]), args.input_format,
+                                      args.remove_bpe))
                    for name, path in args.systems]
         comparisons = compare_systems(systems, references, lang, tokenized_bleu=args.tokenized_bleu,
                                       split_compounds=not args.no_compound_split, lowercase=args.lowercase,
                                       n_samples=args.paired_bs_n, n_jobs=args.paired_jobs)
-    except (ValueError, FileNotFoundError) as e:
-        sys.exit(f"posattn-compare: error: {e}")
     print("\n\n".join(markdown_table(comparison, args.systems[0][0]) for comparison in comparisons))
 
 

@@ -22,13 +22,15 @@ A shard file is written atomically, so it exists only when complete, and its fir
 range and a checksum of its input lines. Running the command again does not redo a finished shard (delete
 the file to redo it), and a shard made from other input is an error. Sentence IDs are input line numbers.
 ``--workers N`` parses chunks of ``--batch-size`` lines in N processes, each with its own parser.
+
+Stopped by SIGTERM (exit status 143) or Ctrl-C (130), the command removes the file it was writing; after
+SIGKILL, the next run removes the hidden temporary file the killed one left (``.OUTPUT.XXXXXXXX.tmp``).
 """
 
 import argparse
-import sys
 from typing import List, Optional
 
-from fairseq_posattn.cli import setup_logging
+from fairseq_posattn.cli import reported_errors, setup_logging
 from fairseq_posattn.structure.parse_pipeline import BackendSpec, parse_corpus
 from fairseq_posattn.structure.parsers import DEFAULT_SPACY_MODEL, ParserUnavailableError
 
@@ -60,11 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Optional[List[str]] = None) -> None:
     args = build_parser().parse_args(argv)
     setup_logging()
-    try:
+    with reported_errors("posattn-parse", ParserUnavailableError):
         spec = backend_spec(args)
         parse_corpus(spec, args.output, args.num_shards, args.shard_id, args.merge, args.workers)
-    except (ValueError, FileNotFoundError, ParserUnavailableError) as e:
-        sys.exit(f"posattn-parse: error: {e}")
 
 
 def backend_spec(args: argparse.Namespace) -> BackendSpec:

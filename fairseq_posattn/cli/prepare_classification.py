@@ -12,10 +12,9 @@ outside ``--labels`` or a label that the training split never uses is an error n
 """
 
 import argparse
-import sys
 from typing import List, Optional
 
-from fairseq_posattn.cli import setup_logging
+from fairseq_posattn.cli import reported_errors, setup_logging
 from fairseq_posattn.data.sentence_classification import SPLITS, split_corpus
 
 
@@ -36,10 +35,8 @@ def main(argv: Optional[List[str]] = None) -> None:
     args = build_parser().parse_args(argv)
     setup_logging()
     splits = {split: getattr(args, split) for split in SPLITS if getattr(args, split)}
-    try:
+    with reported_errors("posattn-prepare-classification"):
         split_corpus(splits, args.destdir, args.labels)
-    except (ValueError, OSError) as e:
-        sys.exit(f"posattn-prepare-classification: error: {e}")
 
 
 if __name__ == "__main__":

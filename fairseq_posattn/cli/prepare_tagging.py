@@ -10,16 +10,16 @@ flags}.{bin,idx}``. Training files may be gzip-compressed (``.gz``).
 """
 
 import argparse
-import sys
 from typing import Dict, List, Optional
 
-from fairseq_posattn.cli import setup_logging
+from fairseq_posattn.cli import positive_int, reported_errors, setup_logging
 from fairseq_posattn.data.tagged_corpus import TAG_COLUMNS
 from fairseq_posattn.data.tagging_binarize import prepare_tagging_data
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="posattn-prepare-tagging", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--train", nargs="+", required=True, metavar="CONLLU",
                         help="training file(s): vocabularies, OOV and ambiguous words come from them")
     parser.add_argument("--valid", nargs="+", default=[], metavar="CONLLU", help="development file(s)")
@@ -27,13 +27,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--destdir", required=True, help="data directory to write")
     parser.add_argument("--tag-column", choices=sorted(TAG_COLUMNS), default="upos",
                         help="tags to learn: UPOS (column 4) or XPOS (column 5)")
-    parser.add_argument("--max-length", type=int, default=60,
+    parser.add_argument("--max-length", type=positive_int, default=60,
                         help="longest sentence piece t in words (Dufter et al.: 60); the model's "
                              "--max-source-positions must be at least this")
     parser.add_argument("--long-sentences", choices=["split", "error"], default="split",
                         help="a longer sentence is split into consecutive pieces (every word is still "
                              "tagged and scored) or is an error")
-    parser.add_argument("--max-chars", type=int, default=20,
+    parser.add_argument("--max-chars", type=positive_int, default=20,
                         help="characters per word seen by the character CNN (Dufter et al.: 20)")
     parser.add_argument("--vocab-fraction", type=float, default=0.5,
                         help="share of the unique training word forms kept in the word vocabulary, most "
@@ -46,11 +46,9 @@ def main(argv: Optional[List[str]] = None) -> None:
     args = build_parser().parse_args(argv)
     splits: Dict[str, List[str]] = {"train": args.train}
     splits.update({name: paths for name, paths in (("valid", args.valid), ("test", args.test)) if paths})
-    try:
+    with reported_errors("posattn-prepare-tagging"):
         prepare_tagging_data(splits, args.destdir, args.tag_column, args.max_length, args.max_chars,
                              args.vocab_fraction, args.long_sentences)
-    except (ValueError, FileNotFoundError) as error:
-        sys.exit(f"posattn-prepare-tagging: {error}")
 
 
 if __name__ == "__main__":

@@ -6,10 +6,9 @@ Reads ``RAW_DIR/{split}.{lang}``, writes ``OUT_DIR/{split}.tok.{lang}``, ``OUT_D
 """
 
 import argparse
-import sys
 from typing import List, Optional
 
-from fairseq_posattn.cli import setup_logging
+from fairseq_posattn.cli import positive_int, reported_errors, setup_logging
 from fairseq_posattn.data.text_pipeline import DEFAULT_SPLITS, prepare_translation_corpus
 
 
@@ -20,23 +19,26 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--out-dir", required=True, help="folder for the tokenized and BPE files")
     parser.add_argument("--source-lang", "-s", required=True, help="source language suffix, e.g. en")
     parser.add_argument("--target-lang", "-t", required=True, help="target language suffix, e.g. de")
-    parser.add_argument("--bpe-merges", type=int, default=10000,
+    parser.add_argument("--bpe-merges", type=positive_int, default=10000,
                         help="joint BPE merge operations learned on train (default: %(default)s)")
     parser.add_argument("--splits", nargs="+", default=list(DEFAULT_SPLITS),
                         help="splits to prepare; must include train (default: %(default)s)")
-    parser.add_argument("--max-lines", type=int, default=None,
+    parser.add_argument("--max-lines", type=positive_int, default=None,
                         help="keep only the first N lines of every split (quick experiments)")
     return parser
 
 
 def main(argv: Optional[List[str]] = None) -> None:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if "train" not in args.splits:
+        parser.error(f"--splits {' '.join(args.splits)} lacks train, on which BPE is learned")
+    if len(set(args.splits)) != len(args.splits):
+        parser.error(f"--splits {' '.join(args.splits)} names a split twice")
     setup_logging()
-    try:
+    with reported_errors("posattn-prepare-translation"):
         prepare_translation_corpus(args.raw_dir, args.out_dir, args.source_lang, args.target_lang,
                                    splits=args.splits, bpe_merges=args.bpe_merges, max_lines=args.max_lines)
-    except (ValueError, FileNotFoundError) as e:
-        sys.exit(f"posattn-prepare-translation: error: {e}")
 
 
 if __name__ == "__main__":

@@ -3,15 +3,16 @@
 Takes the ``H-<id>`` lines, puts them in id order, Moses-detokenizes them and scores them against the
 raw (untokenized) reference file with sacrebleu. Prints ``BLEU = ...`` and sacrebleu's signature.
 Fails if the hypotheses do not cover the references one to one: fairseq-generate drops its last
-batch unless run with ``--required-batch-size-multiple 1``.
+batch unless run with ``--required-batch-size-multiple 1``. Fails too if they are still in BPE (more
+than 1% of them hold ``@@ `` continuation markers: generated without ``--remove-bpe``); ``--remove-bpe``
+joins the pieces here instead, exactly as fairseq-generate would have.
 """
 
 import argparse
 import os
-import sys
 from typing import List, Optional
 
-from fairseq_posattn.cli import setup_logging
+from fairseq_posattn.cli import reported_errors, setup_logging
 from fairseq_posattn.data.generate_output import score_generate_output
 
 
@@ -26,7 +27,14 @@ def build_parser() -> argparse.ArgumentParser:
                              "(default: the reference file's suffix, e.g. de for test.de)")
     parser.add_argument("--write-detok", metavar="PATH", default=None,
                         help="also write the detokenized hypotheses, in id order, to PATH")
+    add_remove_bpe_option(parser)
     return parser
+
+
+def add_remove_bpe_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--remove-bpe", action="store_true",
+                        help="join subword-nmt BPE pieces ('@@ ') first, as fairseq-generate --remove-bpe does, "
+                             "for output generated without it (which is otherwise refused)")
 
 
 def target_language(args: argparse.Namespace, parser: argparse.ArgumentParser) -> str:
@@ -43,10 +51,9 @@ def main(argv: Optional[List[str]] = None) -> None:
     args = parser.parse_args(argv)
     setup_logging()
     lang = target_language(args, parser)
-    try:
-        result = score_generate_output(args.generate_output, args.ref, lang, write_detok=args.write_detok)
-    except (ValueError, FileNotFoundError) as e:
-        sys.exit(f"posattn-score: error: {e}")
+    with reported_errors("posattn-score"):
+        result = score_generate_output(args.generate_output, args.ref, lang, write_detok=args.write_detok,
+                                       remove_bpe=args.remove_bpe)
     print(result.text)
     print(result.signature)
 

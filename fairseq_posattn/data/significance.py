@@ -11,7 +11,9 @@ Two BLEU flavours, both computed by sacrebleu and both printed with their signat
   BLEU on those tokens as they stand (sacrebleu ``tokenize='none'``, i.e. ``multi-bleu.perl``).
 
 Systems come as ``fairseq-generate --remove-bpe`` outputs (``H-<id>`` lines, Moses-tokenized: they are
-put in id order and detokenized) or as plain detokenized text, one hypothesis per line.
+put in id order and detokenized) or as plain detokenized text, one hypothesis per line. Either is
+refused when it is still in BPE (:func:`fairseq_posattn.data.generate_output.without_bpe`): one system
+scored on pieces would differ "significantly" from the others for no reason but the missing post-processing.
 """
 
 import re
@@ -23,7 +25,7 @@ from sacrebleu.significance import PairedTest
 from sacremoses import MosesTokenizer
 
 from fairseq_posattn.atomic_io import read_lines
-from fairseq_posattn.data.generate_output import hypotheses_in_order, parse_hypotheses
+from fairseq_posattn.data.generate_output import read_generate_output, without_bpe
 from fairseq_posattn.data.text_pipeline import detokenize_lines
 
 #: ``a-b`` -> ``a ##AT##-##AT## b``, non-overlapping left to right exactly like the Perl original
@@ -54,23 +56,25 @@ def is_generate_output(path: str) -> bool:
     return any(_GENERATE_LINE.match(line) for line in read_lines(path))
 
 
-def read_system(path: str, lang: str, ref_path: str, n_lines: int, input_format: str = "auto") -> List[str]:
+def read_system(path: str, lang: str, ref_path: str, n_lines: int, input_format: str = "auto",
+                remove_bpe: bool = False) -> List[str]:
     """A system's detokenized hypotheses, in the order of the reference ``ref_path`` (``n_lines`` lines).
 
     ``input_format``: ``generate`` (a ``fairseq-generate --remove-bpe`` output, ordered by id and
     Moses-detokenized with ``lang``), ``text`` (already detokenized, one line per reference line) or
     ``auto`` (``generate`` when the file has ``H-<id>`` lines). Raises ValueError naming the files when
-    the hypotheses do not match the reference lines one to one.
+    the hypotheses do not match the reference lines one to one, or when they are still in BPE (unless
+    ``remove_bpe``, which joins the pieces first).
     """
     if input_format not in INPUT_FORMATS:
         raise ValueError(f"input format must be one of {INPUT_FORMATS}, got {input_format!r}")
     if input_format == "generate" or (input_format == "auto" and is_generate_output(path)):
-        return detokenize_lines(hypotheses_in_order(parse_hypotheses(path), path, ref_path, n_lines), lang)
+        return detokenize_lines(read_generate_output(path, ref_path, n_lines, remove_bpe), lang)
     lines = list(read_lines(path))
     if len(lines) != n_lines:
         raise ValueError(f"{path} has {len(lines)} lines but the reference {ref_path} has {n_lines}: a "
                          "plain hypothesis file needs one detokenized hypothesis per reference line")
-    return lines
+    return without_bpe(path, list(enumerate(lines, start=1)), remove_bpe)
 
 
 def read_references(paths: Sequence[str]) -> List[List[str]]:

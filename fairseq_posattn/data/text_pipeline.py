@@ -8,9 +8,10 @@ Every output file is written atomically (:mod:`fairseq_posattn.atomic_io`): an i
 leaves a half-written file behind under the final name.
 """
 
+import functools
 import logging
 import os
-from typing import Iterable, Iterator, List, Optional, Sequence, Tuple
+from typing import Callable, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 from sacremoses import MosesDetokenizer, MosesTokenizer
 from subword_nmt.apply_bpe import BPE
@@ -23,28 +24,44 @@ logger = logging.getLogger(__name__)
 
 #: subword-nmt's continuation marker; ``fairseq-generate --remove-bpe`` removes ``"@@ "``.
 BPE_SEPARATOR = "@@"
+#: sacremoses options of the pipeline: ``'``, ``&``, ``"`` stay as they are (no ``&apos;`` and friends)
+#: and ``well-known`` stays one token (no aggressive dash splitting). Moses puts every ``@`` in a token
+#: of its own in every language, so no tokenized word holds a literal ``@@`` that could be read as
+#: :data:`BPE_SEPARATOR`: raw ``a@@b`` becomes ``a @ @ b``.
+MOSES_OPTIONS = {"escape": False, "aggressive_dash_splits": False}
 DEFAULT_SPLITS: Tuple[str, ...] = ("train", "valid", "test")
 
 
-def moses_tokenize_file(src_path: str, out_path: str, lang: str, escape: bool = False,
-                        max_lines: Optional[int] = None) -> int:
-    """Moses-tokenize ``src_path`` line by line into ``out_path``; return the number of lines.
+def moses_tokenizer(lang: str) -> Callable[[str], str]:
+    """The pipeline's Moses tokenization of one line of ``lang`` (:data:`MOSES_OPTIONS`).
 
-    ``escape=False`` keeps ``'``, ``&``, ``"`` as they are instead of ``&apos;`` and friends, which
-    is what BPE and fairseq dictionaries should see.
+    :func:`moses_tokenize_file` (``posattn-prepare-translation``) and ``--tokenizer posattn_moses``
+    (fairseq-interactive and the hub, :mod:`fairseq_posattn.data.encoders`) both tokenize with it.
     """
-    tokenizer = MosesTokenizer(lang=lang)
+    return functools.partial(MosesTokenizer(lang=lang).tokenize, return_str=True, **MOSES_OPTIONS)
+
+
+def moses_detokenizer(lang: str) -> Callable[[str], str]:
+    """Moses detokenization of one whitespace-tokenized line of ``lang`` (also unescapes ``&apos;`` etc.)."""
+    detokenizer = MosesDetokenizer(lang=lang)
+    return lambda line: detokenizer.detokenize(line.split())
+
+
+def moses_tokenize_file(src_path: str, out_path: str, lang: str, max_lines: Optional[int] = None) -> int:
+    """Moses-tokenize ``src_path`` line by line into ``out_path`` (:func:`moses_tokenizer`); return the
+    number of lines."""
+    tokenize = moses_tokenizer(lang)
     lines = tqdm(read_lines(src_path, max_lines), desc=f"tokenize {os.path.basename(src_path)}",
                  unit=" lines", disable=None)
-    n = write_lines(out_path, (tokenizer.tokenize(line, return_str=True, escape=escape) for line in lines))
+    n = write_lines(out_path, (tokenize(line) for line in lines))
     logger.info("tokenized %d lines (%s): %s -> %s", n, lang, src_path, out_path)
     return n
 
 
 def detokenize_lines(lines: Iterable[str], lang: str) -> List[str]:
-    """Moses-detokenize whitespace-tokenized lines (also unescapes ``&apos;`` etc.)."""
-    detokenizer = MosesDetokenizer(lang=lang)
-    return [detokenizer.detokenize(line.split()) for line in lines]
+    """Moses-detokenize whitespace-tokenized lines (:func:`moses_detokenizer`)."""
+    detokenize = moses_detokenizer(lang)
+    return [detokenize(line) for line in lines]
 
 
 class _NamedLines:
@@ -130,19 +147,38 @@ def prepare_translation_corpus(raw_dir: str, out_dir: str, src: str, tgt: str,
     Reads ``{raw_dir}/{split}.{lang}``; writes ``{out_dir}/{split}.tok.{lang}``,
     ``{out_dir}/bpe.codes`` and ``{out_dir}/{split}.bpe.{lang}``. ``max_lines`` keeps only the first
     lines of each split (quick experiments). Returns the path of the BPE codes.
+
+    The settings and every raw file are checked before anything is written (ValueError naming the
+    option or ``file:line``); each output is written atomically, so an error leaves no partial file.
     """
+    if bpe_merges < 1:
+        raise ValueError(f"bpe_merges (--bpe-merges) must be at least 1, got {bpe_merges}")
+    if max_lines is not None and max_lines < 1:
+        raise ValueError(f"max_lines (--max-lines) must be at least 1 (or None for all lines), got {max_lines}")
     if "train" not in splits:
         raise ValueError(f"splits {list(splits)} lack 'train', on which BPE is learned")
-    os.makedirs(out_dir, exist_ok=True)
+    if len(set(splits)) != len(splits) or src == tgt:
+        raise ValueError(f"splits {list(splits)} and languages {src!r}, {tgt!r} must all differ: the outputs "
+                         "of one would overwrite the other's")
+    missing = [path for split in splits for lang in (src, tgt)
+               if not os.path.isfile(path := os.path.join(raw_dir, f"{split}.{lang}"))]
+    if missing:
+        raise ValueError(f"no raw file {', '.join(missing)}: --raw-dir needs {{split}}.{{lang}} for every split "
+                         f"({', '.join(splits)}) and both languages ({src}, {tgt})")
     for split in splits:
         check_parallel(*(os.path.join(raw_dir, f"{split}.{lang}") for lang in (src, tgt)))
+    os.makedirs(out_dir, exist_ok=True)
     for split in splits:
         for lang in (src, tgt):
             moses_tokenize_file(os.path.join(raw_dir, f"{split}.{lang}"),
                                 os.path.join(out_dir, f"{split}.tok.{lang}"), lang, max_lines=max_lines)
         check_parallel(*(os.path.join(out_dir, f"{split}.tok.{lang}") for lang in (src, tgt)))
     codes_path = os.path.join(out_dir, "bpe.codes")
-    learn_bpe([os.path.join(out_dir, f"train.tok.{lang}") for lang in (src, tgt)], codes_path, bpe_merges)
+    train_tok = [os.path.join(out_dir, f"train.tok.{lang}") for lang in (src, tgt)]
+    if learn_bpe(train_tok, codes_path, bpe_merges) == 0:
+        os.remove(codes_path)  # subword-nmt cannot apply codes without merges
+        raise ValueError(f"no BPE merge learned from {' and '.join(train_tok)}: no pair of symbols occurs "
+                         "twice; the training text is too small")
     for split in splits:
         for lang in (src, tgt):
             apply_bpe_file(codes_path, os.path.join(out_dir, f"{split}.tok.{lang}"),

@@ -86,6 +86,8 @@ from fairseq.modules import FairseqDropout
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from fairseq_posattn.models.hub_loading import PosattnHubMixin
+
 DEFAULT_MAX_TARGET_POSITIONS = int(1e5)
 GAUSSIAN_EPS = 1e-6
 NORMALIZERS = ("block", "sentence")
@@ -491,7 +493,7 @@ def _add_positional_args(parser: argparse.ArgumentParser) -> None:
 
 
 @register_model("attentive_lstm_lm")
-class AttentiveLSTMLanguageModel(FairseqLanguageModel):
+class AttentiveLSTMLanguageModel(PosattnHubMixin, FairseqLanguageModel):
     """Attentive LSTM language model (Salton et al. 2017), sizes of Dagan 2019 by default."""
 
     attention_type = "salton"

@@ -22,6 +22,7 @@ from fairseq.models.transformer import TransformerConfig
 from fairseq.modules import FairseqDropout, LayerNorm
 from torch import Tensor, nn
 
+from fairseq_posattn.models.hub_loading import PosattnHubMixin
 from fairseq_posattn.models.position_options import (
     PositionOptionError,
     SidePositionOptions,
@@ -41,7 +42,7 @@ POSITION_EMBEDDING_CHOICES = ["none", "add", "concat"]
 
 
 @register_model("san_tagger")
-class SanTaggerModel(FairseqEncoderModel):
+class SanTaggerModel(PosattnHubMixin, FairseqEncoderModel):
     """Encoder-only tagger for ``--task pos_tagging``; its output is ``(batch, words, tags)`` logits."""
 
     def __init__(self, encoder: "SanTaggerEncoder", num_tags: int):

@@ -20,6 +20,7 @@ from fairseq.models.transformer_lm import (
     transformer_lm_gpt,
 )
 
+from fairseq_posattn.models.hub_loading import PosattnHubMixin
 from fairseq_posattn.models.position_aware_transformer import PositionAwareTransformerDecoder
 from fairseq_posattn.models.position_options import (
     DecoderPositionConfig,
@@ -37,7 +38,7 @@ class TransformerLanguageModelPosattnConfig(TransformerLanguageModelConfig, Deco
 
 
 @register_model("transformer_lm_posattn", dataclass=TransformerLanguageModelPosattnConfig)
-class PositionAwareTransformerLanguageModel(TransformerLanguageModel):
+class PositionAwareTransformerLanguageModel(PosattnHubMixin, TransformerLanguageModel):
     @classmethod
     def build_model(cls, args: Any, task: Any):
         # fairseq's build_model sets the defaults (max_target_positions from tokens_per_sample) and

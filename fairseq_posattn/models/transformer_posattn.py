@@ -16,6 +16,7 @@ from fairseq.models.transformer.transformer_legacy import (
     transformer_wmt_en_de,
 )
 
+from fairseq_posattn.models.hub_loading import PosattnHubMixin
 from fairseq_posattn.models.position_aware_transformer import (
     PositionAwareTransformerDecoder,
     PositionAwareTransformerEncoder,
@@ -43,7 +44,7 @@ def decoder_position_options(cfg: Any) -> SidePositionOptions:
 
 
 @register_model("transformer_posattn")
-class PositionAwareTransformerModel(TransformerModel):
+class PositionAwareTransformerModel(PosattnHubMixin, TransformerModel):
     """Transformer whose encoder and decoder self-attention take the position options of docs/methods.md."""
 
     @classmethod

@@ -19,21 +19,33 @@ PieceIndex = Union[Sequence[int], np.ndarray]
 
 
 def align_pieces(pieces: Union[str, Sequence[str]], words: Sequence[str], separator: str = BPE_SEPARATOR,
-                 where: str = "") -> np.ndarray:
+                 where: str = "", closed_end: bool = False) -> np.ndarray:
     """Index (0-based, int64) of the word each BPE piece belongs to.
 
     ``pieces`` is one BPE-segmented line (or its pieces); ``words`` the parsed words of the same
     sentence. Raises ValueError, prefixed with ``where`` (e.g. ``"train.bpe.en:17"``), naming the first
     word where pieces and words disagree: its index, the word and the pieces that were rebuilt there.
+
+    A last piece that ends with the separator is an error (BPE text as subword-nmt writes it after
+    Moses never has one) unless ``closed_end``: then it ends the last word, whose text keeps it, as
+    :func:`words_of_pieces` rebuilds it (a hand-typed line in fairseq-interactive, ``"... b@@"``).
     """
     if isinstance(pieces, str):
         pieces = pieces.split()
     continues = [p.endswith(separator) for p in pieces]
-    rebuilt = " ".join(pieces).replace(separator + " ", "").split()
-    if rebuilt != list(words) or (continues and continues[-1]):
+    if closed_end and continues:
+        continues[-1] = False
+    if words_of_pieces(pieces, separator) != list(words) or (continues and continues[-1]):
         raise ValueError(_mismatch_message(list(pieces), continues, list(words), separator, where))
     ends = np.logical_not(continues)
     return np.cumsum(ends) - ends
+
+
+def words_of_pieces(pieces: Sequence[str], separator: str = BPE_SEPARATOR) -> List[str]:
+    """The words that BPE pieces spell: every piece ending with the separator is joined to the next,
+    without the separator, as ``fairseq-generate --remove-bpe`` joins them; a separator at the very
+    end stays, as there is no next piece (``["a", "b@@"]`` spells ``["a", "b@@"]``)."""
+    return " ".join(pieces).replace(separator + " ", "").split()
 
 
 def piece_structural_positions(heads: Heads, piece_to_word: PieceIndex, clip: Optional[int] = None,
@@ -119,22 +131,24 @@ def _checked_piece_index(piece_to_word: PieceIndex, n: int, sentence: Optional[i
 def _mismatch_message(pieces: List[str], continues: List[bool], words: List[str], separator: str,
                       where: str) -> str:
     """Name the first word whose pieces do not rebuild it (error path, plain Python)."""
-    groups: List[List[str]] = [[]]
+    groups: List[List[Tuple[str, bool]]] = [[]]
     for piece, cont in zip(pieces, continues):
-        groups[-1].append(piece)
+        groups[-1].append((piece, cont))
         if not cont:
             groups.append([])
     if not groups[-1]:
         groups.pop()
     prefix = f"{where}: " if where else ""
     for k, group in enumerate(groups):
-        built = "".join(p[:-len(separator)] if p.endswith(separator) else p for p in group)
+        built = "".join(p[:-len(separator)] if cont else p for p, cont in group)
+        shown = " ".join(p for p, _ in group)
         if k >= len(words):
             return (f"{prefix}BPE pieces do not rebuild the parsed words: the parse has {len(words)} words "
-                    f"but the pieces go on with word {k + 1} {built!r} (pieces {' '.join(group)!r})")
-        if built != words[k] or group[-1].endswith(separator):
-            detail = " (its last piece still ends with the separator)" if group[-1].endswith(separator) else ""
+                    f"but the pieces go on with word {k + 1} {built!r} (pieces {shown!r})")
+        open_end = group[-1][1]
+        if built != words[k] or open_end:
+            detail = " (its last piece still ends with the separator)" if open_end else ""
             return (f"{prefix}BPE pieces do not rebuild the parsed words at word {k + 1} of {len(words)}: "
-                    f"the parse has {words[k]!r}, the pieces {' '.join(group)!r} rebuild {built!r}{detail}")
+                    f"the parse has {words[k]!r}, the pieces {shown!r} rebuild {built!r}{detail}")
     return (f"{prefix}BPE pieces do not rebuild the parsed words: the pieces end after word {len(groups)} "
             f"but the parse has {len(words)} words, next {words[len(groups)]!r}")

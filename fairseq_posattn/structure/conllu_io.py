@@ -6,14 +6,14 @@ multiword-token lines (IDs like ``3-4``) only group surface tokens, so they are 
 syntactic words inside the range are used; empty nodes (IDs like ``5.1``) belong to the enhanced
 graph and are skipped too. Comment lines (``#``) are allowed; a whitespace-only line ends a sentence
 like an empty one. Anything malformed raises ``ValueError`` starting with ``file:line`` and saying
-what to fix. Files ending in ``.gz`` are read through gzip.
+what to fix; so does a file that is not UTF-8. Files ending in ``.gz`` are read through gzip.
 """
 
 import gzip
 import re
 from typing import IO, Iterable, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
-from fairseq_posattn.atomic_io import atomic_write
+from fairseq_posattn.atomic_io import atomic_write, named_decode_errors
 from fairseq_posattn.structure.tree import TreeError, tree_structure
 
 N_COLUMNS = 10
@@ -43,7 +43,7 @@ def read_conllu(path: str) -> Iterator[ConlluSentence]:
 
 def iter_blocks(path: str) -> Iterator[List[Tuple[int, str]]]:
     """Yield the blank-line separated blocks of a CoNLL-U file as ``(line number, line)`` lists."""
-    with open_text(path) as lines:
+    with open_text(path) as lines, named_decode_errors(path, lambda: _open_binary(path)):
         block: List[Tuple[int, str]] = []
         for number, line in enumerate(lines, start=1):
             line = line.rstrip("\r\n")
@@ -54,6 +54,18 @@ def iter_blocks(path: str) -> Iterator[List[Tuple[int, str]]]:
                 block = []
         if block:
             yield block
+
+
+def count_sentences(path: str) -> int:
+    """Number of sentences (blocks with at least one token line) of a CoNLL-U file, without parsing them."""
+    count, in_sentence = 0, False
+    with open_text(path) as lines, named_decode_errors(path, lambda: _open_binary(path)):
+        for line in lines:
+            if not line.strip():
+                in_sentence = False
+            elif not in_sentence and not line.startswith("#"):
+                count, in_sentence = count + 1, True
+    return count
 
 
 def split_columns(path: str, number: int, line: str) -> List[str]:
@@ -116,6 +128,10 @@ def open_text(path: str) -> IO[str]:
     if path.endswith(".gz"):
         return gzip.open(path, "rt", encoding="utf-8-sig")
     return open(path, encoding="utf-8-sig")
+
+
+def _open_binary(path: str) -> IO[bytes]:
+    return gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")
 
 
 def _parse_block(path: str, block: List[Tuple[int, str]]) -> Optional[ConlluSentence]:

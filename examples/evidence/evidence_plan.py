@@ -1,0 +1,350 @@
+"""The evidence plan: every run of the four comparisons, each the existing recipe with its settings.
+
+One run = one task, one system, one seed (and for tagging one tag set), in its own output folder
+``EVIDENCE_OUT/<task>/[<tag set>/]<system>/seed<N>``, made by the task's recipe under ``examples/``
+with environment variables; a run is finished only when its final artifact is there (translations
+with fairseq-generate's closing BLEU line, fairseq-eval-lm's perplexity, fairseq-validate's
+accuracy). Multi30k is prepared once (``translation/data``: Moses, BPE, spaCy parse, binarization,
+structural side data) and shared by its runs.
+
+Everything is read from the environment (see :class:`Settings`), so that the same command, run again,
+plans the same runs.
+"""
+
+import os
+import shlex
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+
+REPO = Path(__file__).resolve().parents[2]
+TASKS = ("translation", "lm", "tagging", "classification")
+SHARED_DATA = REPO.parent / "shared" / "data"  # the recipes' own default: ../shared/data beside the clone
+
+#: system key (the recipe's name for it) -> label, per task, baseline first
+SYSTEMS: Dict[str, Dict[str, str]] = {
+    "translation": {
+        "4": "row 4: sequential abs (baseline)", "1": "row 1: no positions", "2": "row 2: structural abs",
+        "3": "row 3: structural rel", "5": "row 5: seq abs + struct abs", "6": "row 6: seq abs + struct abs + rel",
+        "7": "row 7: seq abs + seq rel", "9": "row 9: seq abs + rel + struct abs + rel",
+        "da": "DA-Transformer", "rpr": "Transformer-RPR", "pr": "SAN+P+R (encoder)",
+        "conv2d": "+Conv2d (encoder)", "temp": "+Temp (encoder)",
+    },
+    "lm": {
+        "lstm_lm": "LSTM (fairseq lstm_lm)", "attentive_lstm_lm": "attentive LSTM (Salton et al.)",
+        "positional_attentive_lstm_lm": "positional attentive LSTM (Dagan)", "tf_vanilla": "Transformer LM",
+        "tf_da": "Transformer LM + DA", "tf_shaw16": "Transformer LM + RPR (k = 16)",
+        "tf_direct_both": "Transformer LM + P+R", "tf_conv2d": "Transformer LM + Conv2d",
+    },
+    "tagging": {
+        "pe_add": "SAN+PE[add]", "san": "SAN", "pe_con": "SAN+PE[con]", "p_r": "SAN+P+R",
+        "temp": "SAN+PE[add]+Temp", "conv": "SAN+PE[add]+Conv", "conv2d": "SAN+PE[add]+Conv2d",
+    },
+    "classification": {
+        "vanilla": "Transformer", "shaw": "Transformer-RPR", "da": "DA-Transformer", "nopos": "no positions",
+    },
+}
+DEFAULT_SEEDS = {"translation": "1 2 3", "lm": "1 2", "tagging": "1 2 3", "classification": "1 2 3 4 5"}
+TAG_SETS = ("upos", "xpos")
+LSTM_SYSTEMS = ("lstm_lm", "attentive_lstm_lm", "positional_attentive_lstm_lm")
+RECIPES = {"translation": "examples/multi30k_en_de/run.sh", "lm": "examples/language_model/run_ptb.sh",
+           "tagging": "examples/pos_tagging/run.sh", "classification": "examples/sentence_classification/run.sh"}
+
+
+class PlanError(ValueError):
+    """A setting the plan cannot use; the message names the variable and what it takes."""
+
+
+def _words(env: Mapping[str, str], name: str, default: str) -> List[str]:
+    return (env.get(name) or default).split()
+
+
+def _number(env: Mapping[str, str], name: str, default: float, kind: type = int) -> float:
+    value = env.get(name) or str(default)
+    try:
+        number = kind(value)
+    except ValueError:
+        raise PlanError(f"{name} must be a {'whole ' if kind is int else ''}number, got {value!r}") from None
+    if number < 0:
+        raise PlanError(f"{name} must not be negative, got {value!r}")
+    return number
+
+
+@dataclass
+class Settings:
+    """What to run and with which budget; :meth:`from_env` documents the variables."""
+
+    out: Path
+    tasks: List[str]
+    seeds: Dict[str, List[int]]
+    systems: Dict[str, List[str]]
+    tag_sets: List[str]
+    translation_max_update: int = 1500
+    lm_minutes: float = 120.0
+    lm_lstm_lr: float = 10.0  # SGD; the paper's 30 diverges for the attentive LSTMs here (see lm_budget)
+    lm_min_epochs: int = 6
+    tagging_patience: int = 3
+    tagging_max_epoch: int = 100
+    classification_max_update: int = 434
+    max_update: int = 0  # > 0: every run stops after at most this many updates (smoke runs)
+    jobs: int = 2
+    threads: int = 1
+    data: Dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> "Settings":
+        """``EVIDENCE_OUT`` (default ``evidence-output/`` in the repository), ``TASKS``, ``SEEDS`` (all
+        tasks) or ``TRANSLATION_SEEDS`` / ``LM_SEEDS`` / ``TAGGING_SEEDS`` / ``CLASSIFICATION_SEEDS``,
+        ``TRANSLATION_SYSTEMS`` / ``LM_SYSTEMS`` / ``TAGGING_SYSTEMS`` / ``CLASSIFICATION_SYSTEMS``,
+        ``TAG_SETS``; budgets ``TRANSLATION_MAX_UPDATE``, ``LM_MINUTES`` (training time per language
+        model), ``LM_LSTM_LR`` (the LSTMs' SGD learning rate), ``TAGGING_PATIENCE``, ``TAGGING_MAX_EPOCH``,
+        ``CLASSIFICATION_MAX_UPDATE``, and ``MAX_UPDATE`` (a cap on every run, for smoke runs); ``JOBS``
+        runs at once, ``THREADS`` CPU threads each; data ``MULTI30K_DIR``, ``PTB_DIR``, ``EWT_TRAIN`` +
+        ``EWT_DEV`` (or ``EWT``, the folder), ``SST2``."""
+        tasks = _words(env, "TASKS", " ".join(TASKS))
+        unknown = [t for t in tasks if t not in TASKS]
+        if unknown:
+            raise PlanError(f"TASKS takes {' '.join(TASKS)}, got {' '.join(unknown)}")
+        seeds, systems = {}, {}
+        for task in TASKS:
+            words = _words(env, f"{task.upper()}_SEEDS", env.get("SEEDS") or DEFAULT_SEEDS[task])
+            if not all(w.isdigit() for w in words) or not words:
+                raise PlanError(f"{task.upper()}_SEEDS / SEEDS must be whole numbers, got {' '.join(words)!r}")
+            seeds[task] = [int(w) for w in words]
+            chosen = _words(env, f"{task.upper()}_SYSTEMS", " ".join(SYSTEMS[task]))
+            bad = [s for s in chosen if s not in SYSTEMS[task]]
+            if bad:
+                raise PlanError(f"{task.upper()}_SYSTEMS takes {' '.join(SYSTEMS[task])}, got {' '.join(bad)}")
+            systems[task] = chosen
+        tag_sets = _words(env, "TAG_SETS", " ".join(TAG_SETS))
+        if any(t not in TAG_SETS for t in tag_sets):
+            raise PlanError(f"TAG_SETS takes {' '.join(TAG_SETS)}, got {' '.join(tag_sets)}")
+        out = Path(env.get("EVIDENCE_OUT") or REPO / "evidence-output").resolve()
+        return cls(
+            out=out, tasks=tasks, seeds=seeds, systems=systems, tag_sets=tag_sets,
+            translation_max_update=int(_number(env, "TRANSLATION_MAX_UPDATE", 1500)),
+            lm_minutes=float(_number(env, "LM_MINUTES", 120.0, float)),
+            lm_lstm_lr=float(_number(env, "LM_LSTM_LR", 10.0, float)),
+            tagging_patience=int(_number(env, "TAGGING_PATIENCE", 3)),
+            tagging_max_epoch=int(_number(env, "TAGGING_MAX_EPOCH", 100)),
+            classification_max_update=int(_number(env, "CLASSIFICATION_MAX_UPDATE", 434)),
+            max_update=int(_number(env, "MAX_UPDATE", 0)),
+            jobs=max(1, int(_number(env, "JOBS", 2))), threads=max(1, int(_number(env, "THREADS", 1))),
+            data=_data(env),
+        )
+
+    def to_json(self) -> Dict[str, object]:
+        values = asdict(self)
+        values["out"] = str(self.out)
+        return values
+
+    @classmethod
+    def from_json(cls, values: Mapping[str, object]) -> "Settings":
+        known = {k: v for k, v in values.items() if k in cls.__dataclass_fields__}
+        known["out"] = Path(str(known["out"]))
+        known["seeds"] = {task: [int(s) for s in seeds] for task, seeds in known["seeds"].items()}  # type: ignore
+        return cls(**known)  # type: ignore[arg-type]
+
+    def capped(self, updates: int) -> int:
+        """``updates`` under the ``MAX_UPDATE`` cap (0 = no limit on either side)."""
+        if not self.max_update:
+            return updates
+        return min(updates, self.max_update) if updates else self.max_update
+
+
+def _data(env: Mapping[str, str]) -> Dict[str, str]:
+    ewt = Path(env.get("EWT") or SHARED_DATA / "ud_english_ewt")
+    return {
+        "multi30k": env.get("MULTI30K_DIR") or str(SHARED_DATA / "multi30k"),
+        "ptb": env.get("PTB_DIR") or str(SHARED_DATA / "ptb_lm"),
+        "ewt_train": env.get("EWT_TRAIN") or str(ewt / "en_ewt-ud-train.conllu.gz"),
+        "ewt_dev": env.get("EWT_DEV") or str(ewt / "en_ewt-ud-dev.conllu"),
+        "sst2": env.get("SST2") or str(SHARED_DATA / "sst2"),
+    }
+
+
+def display(path: object) -> str:
+    """A path as the page shows it: relative to the repository root (no machine's absolute paths)."""
+    return os.path.relpath(str(path), REPO)
+
+
+@dataclass
+class Run:
+    """One recipe invocation and how to tell that it finished."""
+
+    id: str
+    task: str
+    system: str
+    seed: Optional[int]
+    group: str
+    out_dir: Path
+    recipe: str
+    args: Tuple[str, ...]
+    env: Dict[str, str]
+    budget: str
+    train_log: Optional[Path] = None
+    done_when: Tuple[Tuple[Path, str], ...] = ()  # (file, text it must hold; "" = it must exist)
+    depends_on: Optional[str] = None
+
+    def finished(self) -> bool:
+        for path, text in self.done_when:
+            try:
+                with open(path, encoding="utf-8", errors="replace") as f:
+                    if text and text not in f.read():
+                        return False
+            except OSError:
+                return False
+        return bool(self.done_when)
+
+    def command(self) -> List[str]:
+        return ["bash", str(REPO / self.recipe), *self.args]
+
+    def shell(self) -> str:
+        """The exact command, from the repository root, paths relative to it."""
+        def shown(value: str) -> str:
+            return display(value) if os.path.isabs(value) else value
+        assignments = [f"{name}={shlex.quote(shown(value))}" for name, value in self.env.items()]
+        return " ".join(assignments + ["bash", self.recipe] + [shlex.quote(shown(a)) for a in self.args])
+
+
+def build_plan(settings: Settings) -> List[Run]:
+    """Every run of the selected tasks, in the order they are started: per task its preparation,
+    then seed by seed every system (so that finished seeds give complete paired comparisons)."""
+    builders = {"translation": _translation, "lm": _language_model, "tagging": _tagging,
+                "classification": _classification}
+    runs: List[Run] = []
+    for task in settings.tasks:
+        runs += builders[task](settings)
+    return runs
+
+
+def _common(settings: Settings, out: Path) -> Dict[str, str]:
+    return {"OUT": str(out), "THREADS": str(settings.threads)}
+
+
+def translation_budget(settings: Settings) -> str:
+    return (f"{settings.capped(settings.translation_max_update):,} updates of at most 2,048 tokens per model "
+            "(PRESET=small: transformer_posattn 3+3 layers x 128, 4 heads, FFN 512, dropout 0.1; Adam, lr 1e-3, "
+            "inverse sqrt, 500 warm-up updates); checkpoint_best.pt; beam 5")
+
+
+def _translation(settings: Settings) -> List[Run]:
+    data = settings.out / "translation" / "data"
+    prep = Run(
+        id="translation/data", task="translation", system="", seed=None, group="", out_dir=data,
+        recipe=RECIPES["translation"], args=(settings.data["multi30k"],),
+        env={**_common(settings, data), "PRESET": "small", "STEPS": "prepare parse binarize structure"},
+        budget="preparation: Moses, joint BPE (5,000 merges), spaCy parse, fairseq-preprocess, structure",
+        done_when=tuple((data / "data-bin" / f"{split}.en-de.en.structure.idx", "")
+                        for split in ("train", "valid", "test"))
+        + ((data / "raw" / "test.de", ""), (data / "raw" / "valid.de", "")))
+    runs = [prep]
+    updates = settings.capped(settings.translation_max_update)
+    for seed in settings.seeds["translation"]:
+        for system in settings.systems["translation"]:
+            out = settings.out / "translation" / system / f"seed{seed}"
+            generated = out / "generate" / f"row{system}"
+            runs.append(Run(
+                id=f"translation/{system}/seed{seed}", task="translation", system=system, seed=seed, group="",
+                out_dir=out, recipe=RECIPES["translation"], args=(settings.data["multi30k"],),
+                env={**_common(settings, out), "PREP_OUT": str(data), "PRESET": "small", "VARIANTS": system,
+                     "SEED": str(seed), "MAX_UPDATE": str(updates), "STEPS": "train generate",
+                     "GEN_SUBSETS": "valid test", "JOBS": "1"},
+                budget=translation_budget(settings), train_log=out / "logs" / f"train-row{system}.log",
+                done_when=tuple((generated / f"generate-{subset}.txt", f"Generate {subset} with beam=")
+                                for subset in ("valid", "test")),
+                depends_on=prep.id))
+    return runs
+
+
+def lm_budget(settings: Settings, system: str) -> str:
+    cap = f", at most {settings.max_update:,} updates" if settings.max_update else ""
+    time = f"training stopped after {settings.lm_minutes:g} minutes (fairseq --stop-time-hours){cap}"
+    if system in LSTM_SYSTEMS:
+        return ("Dagan's sizes: embeddings and 2 LSTM layers of 400, tied; dropout 0.5 / 0.2 / 0.5 (the attentive "
+                "models' defaults; lstm_lm: 0.5); batches of 20 sentences; Dagan's optimiser and schedule: SGD, "
+                "lr x 0.5 after 5 epochs without a better valid loss, clip-norm 0.25, but lr "
+                f"{settings.lm_lstm_lr:g} instead of 30 (with fairseq's loss per target token, lr 30 diverged for the "
+                "positional attentive LSTM, and of 10 and 20 lr 10 learned faster, in a 200-update check on the PTB "
+                "sample); " + time + "; valid every epoch; "
+                "checkpoint_best.pt")
+    return ("small Transformer LM: 2 layers x 128, FFN 512, 4 heads, tied, dropout 0.1; batches of 32 sentences; "
+            "Adam lr 1e-3, inverse sqrt, 100 warm-up updates; " + time + "; valid every epoch; checkpoint_best.pt")
+
+
+def _language_model(settings: Settings) -> List[Run]:
+    runs = []
+    for seed in settings.seeds["lm"]:
+        for system in settings.systems["lm"]:
+            out = settings.out / "lm" / system / f"seed{seed}"
+            env = {**_common(settings, out), "PTB_DIR": settings.data["ptb"], "MODELS": system, "PARALLEL": "1",
+                   "SEED": str(seed), "MAX_UPDATE": str(settings.capped(0)), "MAX_EPOCH": "0",
+                   "STOP_TIME_HOURS": f"{settings.lm_minutes / 60:.6g}", "VALIDATE": "1",
+                   "EVAL_CHECKPOINT": "checkpoint_best.pt"}
+            if system in LSTM_SYSTEMS:
+                env.update(LSTM_DIM="400", LSTM_LAYERS="2", BATCH_SIZE="20", OPTIMIZER="paper",
+                           LR=f"{settings.lm_lstm_lr:g}", DROPOUT="0.5" if system == "lstm_lm" else "")
+            else:
+                env.update(TF_DIM="128", TF_FFN="512", TF_LAYERS="2", TF_HEADS="4", BATCH_SIZE="32",
+                           OPTIMIZER="adam", LR="0.001", WARMUP="100", DROPOUT="0.1")
+            logs = out / "logs"
+            runs.append(Run(
+                id=f"lm/{system}/seed{seed}", task="lm", system=system, seed=seed, group="", out_dir=out,
+                recipe=RECIPES["lm"], args=(), env=env, budget=lm_budget(settings, system),
+                train_log=logs / f"train.{system}.log",
+                done_when=tuple((logs / f"eval.{system}.{subset}.log", "Perplexity:") for subset in ("valid", "test"))))
+    return runs
+
+
+def tagging_budget(settings: Settings) -> str:
+    cap = f", at most {settings.max_update:,} updates" if settings.max_update else ""
+    return (f"early stopping: dev accuracy every epoch, patience {settings.tagging_patience} epochs, at most "
+            f"{settings.tagging_max_epoch} epochs{cap}; batches of 2,000 words; RMSprop lr 1e-3; san_tagger at the "
+            "paper's UD sizes; scored from checkpoint_best.pt")
+
+
+def _tagging(settings: Settings) -> List[Run]:
+    runs = []
+    for seed in settings.seeds["tagging"]:
+        for group in settings.tag_sets:
+            for system in settings.systems["tagging"]:
+                out = settings.out / "tagging" / group / system / f"seed{seed}"
+                run_dir = out / "runs" / system / f"seed{seed}"
+                runs.append(Run(
+                    id=f"tagging/{group}/{system}/seed{seed}", task="tagging", system=system, seed=seed, group=group,
+                    out_dir=out, recipe=RECIPES["tagging"], args=(settings.data["ewt_train"], settings.data["ewt_dev"]),
+                    env={**_common(settings, out), "VARIANTS": system, "SEEDS": str(seed), "PARALLEL": "1",
+                         "TAG_COLUMN": group, "MAX_UPDATE": str(settings.capped(0)), "MAX_TOKENS": "2000",
+                         "VALIDATE_EVERY": "0", "PATIENCE": str(settings.tagging_patience),
+                         "MAX_EPOCH": str(settings.tagging_max_epoch), "LR": "0.001",
+                         "CHECKPOINT": "checkpoint_best.pt"},
+                    budget=tagging_budget(settings), train_log=run_dir / "train.log",
+                    done_when=((run_dir / "validate.log", "valid on 'valid' subset"),
+                               (run_dir / "dev.pred.conllu", ""))))
+    return runs
+
+
+def classification_budget(settings: Settings) -> str:
+    return (f"{settings.capped(settings.classification_max_update):,} updates of 32 sentences (434 = 2 epochs), "
+            "Adam lr 1e-3, transformer_posattn_classifier_wu2021 (1 layer, 16 heads x 16); dev every 50 updates")
+
+
+def _classification(settings: Settings) -> List[Run]:
+    runs = []
+    for seed in settings.seeds["classification"]:
+        for system in settings.systems["classification"]:
+            out = settings.out / "classification" / system / f"seed{seed}"
+            run_dir = out / "runs" / system / f"seed{seed}"
+            runs.append(Run(
+                id=f"classification/{system}/seed{seed}", task="classification", system=system, seed=seed, group="",
+                out_dir=out, recipe=RECIPES["classification"], args=(settings.data["sst2"],),
+                env={**_common(settings, out), "VARIANTS": system, "SEEDS": str(seed), "PARALLEL": "1",
+                     "MAX_UPDATE": str(settings.capped(settings.classification_max_update)), "BATCH_SIZE": "32",
+                     "VALIDATE_EVERY": "50", "LR": "1e-3"},
+                budget=classification_budget(settings), train_log=run_dir / "train.log",
+                done_when=((run_dir / "validate.log", "valid on 'valid' subset"),)))
+    return runs
+
+
+def runs_by_id(runs: Sequence[Run]) -> Dict[str, Run]:
+    return {run.id: run for run in runs}

@@ -1,0 +1,148 @@
+"""The papers' claims that the evidence runs test, each with the paper's own numbers and table.
+
+A claim compares a ``system`` with a ``reference`` system of the same task (and tag set) on one
+metric, in one of two kinds:
+
+- ``direction``: the paper reports the system better (or worse) than the reference; the sign of the
+  paper's difference is what we check, not its size (our data and budgets are smaller).
+- ``no effect``: the paper's text says the two perform alike (its table's difference is within its
+  spread); we check that no seed shows a significant difference.
+
+Comparisons without a paper number (the sequential methods on Multi30k, the transformer language
+models, the position-unaware classifier) are reported as measured, with the same statistics.
+"""
+
+from dataclasses import dataclass
+from typing import List, Optional, Tuple
+
+DIRECTION = "direction"
+NO_EFFECT = "no effect"
+
+WANG = "Wang et al. 2019, Table 1 (Transformer-Base, NIST Zh-En MT02 dev, BLEU)"
+DAGAN = "Dagan 2019, Table 1 (PTB test perplexity)"
+DUFTER_UD = "Dufter et al. 2020, Table 2c (UD v2.2, macro mean over 47 treebanks, accuracy)"
+DUFTER_PTB = "Dufter et al. 2020, Table 2b (PTB WSJ test, accuracy)"
+DUFTER_CURVE = "Dufter et al. 2020, Table 2a and Figure 2 (development accuracy during training)"
+WU = "Wu et al. 2021, Table 4 (SST, accuracy, mean of 5 runs)"
+
+
+@dataclass(frozen=True)
+class Claim:
+    """``system`` against ``reference`` on ``metric``; the paper's values are None where it has none."""
+
+    task: str
+    system: str
+    reference: str
+    metric: str
+    paper_system: Optional[float] = None
+    paper_reference: Optional[float] = None
+    source: str = ""
+    kind: str = DIRECTION
+    reading: str = ""  # the paper's own words for the comparison
+    group: str = ""  # tagging: the tag set (upos, xpos)
+    sign: int = 0  # a claim in words only: +1 / -1 the paper's direction; 0 with the paper's numbers or none
+
+    @property
+    def has_paper_number(self) -> bool:
+        return self.paper_system is not None and self.paper_reference is not None
+
+    @property
+    def paper_delta(self) -> Optional[float]:
+        if not self.has_paper_number:
+            return None
+        return self.paper_system - self.paper_reference  # type: ignore[operator]
+
+    @property
+    def expected_sign(self) -> int:
+        """+1 / -1: the sign of system - reference the paper reports; 0: no paper claim (measured only)."""
+        delta = self.paper_delta
+        if delta is None:
+            return self.sign
+        return (delta > 0) - (delta < 0)
+
+    @property
+    def is_paper_claim(self) -> bool:
+        return self.kind == NO_EFFECT or self.expected_sign != 0
+
+
+def _translation() -> List[Claim]:
+    """Wang et al.'s Table 1 rows as the paper's section 5.1 compares them, on test and on valid."""
+    table1 = {"1": 28.33, "2": 35.43, "3": 34.23, "4": 44.31, "5": 44.84, "6": 45.10, "7": 45.02, "9": 45.67}
+    pairs: List[Tuple[str, str, str]] = [
+        ("1", "4", "removing the sequential encoding degrades translation dramatically (-15.98)"),
+        ("2", "1", "absolute structural positions improve the position-unaware model (+7.10)"),
+        ("3", "1", "relative structural positions improve the position-unaware model (+5.90)"),
+        ("5", "4", "structural absolute positions improve the base model"),
+        ("6", "4", "structural absolute + relative positions improve the base model"),
+        ("7", "4", "sequential relative encoding improves the base model (+0.71)"),
+        ("9", "7", "structural positions improve further over relative sequential ones (+0.65)"),
+    ]
+    claims = []
+    for metric in ("bleu_test", "bleu_valid"):
+        claims += [Claim("translation", system, reference, metric, table1[system], table1[reference], WANG,
+                         reading=reading) for system, reference, reading in pairs]
+        claims += [Claim("translation", system, "4", metric)
+                   for system in ("da", "rpr", "pr", "conv2d", "temp")]
+    return claims
+
+
+def _language_model() -> List[Claim]:
+    """Dagan's Table 1 (test perplexity: LSTM 64.96, attentive 76.56, positional attentive 70.92)."""
+    test = {"lstm_lm": 64.96, "attentive_lstm_lm": 76.56, "positional_attentive_lstm_lm": 70.92}
+    claims = [
+        Claim("lm", "positional_attentive_lstm_lm", "attentive_lstm_lm", "test_ppl",
+              test["positional_attentive_lstm_lm"], test["attentive_lstm_lm"], DAGAN,
+              reading="positional attention surpasses standard attention on test perplexity"),
+        Claim("lm", "lstm_lm", "attentive_lstm_lm", "test_ppl", test["lstm_lm"], test["attentive_lstm_lm"], DAGAN,
+              reading="the LSTM baseline (Merity et al.'s, 3 layers) is best of the three"),
+        Claim("lm", "lstm_lm", "positional_attentive_lstm_lm", "test_ppl", test["lstm_lm"],
+              test["positional_attentive_lstm_lm"], DAGAN, reading="the LSTM baseline beats the positional model"),
+    ]
+    claims += [Claim("lm", system, "tf_vanilla", "test_ppl")
+               for system in ("tf_da", "tf_shaw16", "tf_direct_both", "tf_conv2d")]
+    return claims
+
+
+def _tagging() -> List[Claim]:
+    """UPOS against Dufter's UD macro means (Table 2c; SAN and SAN+PE[con] only in the PTB table), XPOS
+    (EWT's XPOS is the Penn Treebank tag set) against its PTB results (Table 2b)."""
+    ud = {"pe_add": 92.40, "p_r": 92.82, "temp": 92.49, "conv": 94.21, "conv2d": 94.40}
+    ptb = {"san": 94.62, "pe_con": 96.81, "pe_add": 96.82, "p_r": 96.88, "temp": 96.93, "conv": 96.93,
+           "conv2d": 96.88}
+    conv_reading = {"upos": "convolved attention yields much better results on UD",
+                    "xpos": "convolved attention even achieves a slight improvement"}
+    claims = []
+    for group, table, source in (("upos", ud, DUFTER_UD), ("xpos", ptb, DUFTER_PTB)):
+        rows = [("san", DIRECTION, "position information is needed: SAN is clearly worse", ptb, DUFTER_PTB),
+                ("pe_con", NO_EFFECT, "concatenated and added position embeddings perform alike", ptb, DUFTER_PTB),
+                ("p_r", NO_EFFECT, "SAN+P+R performs as well as SAN+PE[add]", table, source),
+                ("temp", NO_EFFECT, "learnable temperature does not have any effect", table, source),
+                ("conv", DIRECTION, conv_reading[group], table, source),
+                ("conv2d", DIRECTION, conv_reading[group], table, source)]
+        claims += [Claim("tagging", system, "pe_add", "accuracy", numbers[system], numbers["pe_add"], where, kind,
+                         reading, group) for system, kind, reading, numbers, where in rows]
+        claims += [Claim("tagging", system, "pe_add", "accuracy_epoch1", source=DUFTER_CURVE, group=group, sign=1,
+                         reading="convolved attention learns faster: higher dev accuracy after the first epoch")
+                   for system in ("conv", "conv2d")]
+    return claims
+
+
+def _classification() -> List[Claim]:
+    """Wu et al.'s SST accuracies: Transformer 89.67, Transformer-RPR 89.94, DA-Transformer 90.49."""
+    sst = {"vanilla": 89.67, "shaw": 89.94, "da": 90.49}
+    return [
+        Claim("classification", "shaw", "vanilla", "final_accuracy", sst["shaw"], sst["vanilla"], WU,
+              reading="methods with distance information beat the vanilla Transformer"),
+        Claim("classification", "da", "vanilla", "final_accuracy", sst["da"], sst["vanilla"], WU,
+              reading="DA-Transformer beats the vanilla Transformer"),
+        Claim("classification", "da", "shaw", "final_accuracy", sst["da"], sst["shaw"], WU,
+              reading="DA-Transformer beats Transformer-RPR"),
+        Claim("classification", "nopos", "vanilla", "final_accuracy"),
+    ]
+
+
+CLAIMS: List[Claim] = _translation() + _language_model() + _tagging() + _classification()
+
+
+def claims_for(task: str, group: str = "") -> List[Claim]:
+    return [claim for claim in CLAIMS if claim.task == task and claim.group == group]

@@ -1,0 +1,621 @@
+#!/usr/bin/env python
+"""Write docs/results.md and its pictures from the evidence runs' logs (nothing typed by hand).
+
+    python examples/evidence/results.py [--evidence-out evidence-output] [--output docs/results.md]
+
+For every claim of :mod:`paper_claims`: the paper's numbers, ours (mean ± sd over the seeds that
+finished, with the budget), the paired bootstrap p-value of each seed against the reference system of
+the same seed where one exists (BLEU, tagging accuracy), and a verdict by the rule written on the
+page. Runs that have not finished yet are shown as "not run yet", so the page can be made at any time
+and fills in as runs finish. The settings (tasks, seeds, budgets) are those the runner recorded in
+``EVIDENCE_OUT/manifest.json``, else the environment's.
+"""
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import results_readers as readers
+from evidence import wall_seconds
+from evidence_plan import (LSTM_SYSTEMS, REPO, SYSTEMS, TASKS, Run, Settings, build_plan, classification_budget,
+                           display, lm_budget, tagging_budget, translation_budget)
+from paper_claims import NO_EFFECT, Claim, claims_for
+
+from fairseq_posattn.atomic_io import atomic_write
+from fairseq_posattn.cli import setup_logging
+from fairseq_posattn.data.significance import SIGNIFICANCE_LEVEL
+from fairseq_posattn.inspect.learning_curves import Curve, CurveGroup, draw
+
+REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE = "reproduced in direction", "not reproduced", "inconclusive"
+NO_EFFECT_REPRODUCED = "reproduced (no effect)"
+NOT_RUN, INCOMPLETE, MEASURED = "not run yet", "incomplete", "measured only"
+METRIC_NAMES = {
+    "bleu_test": "BLEU, test_2016_flickr", "bleu_valid": "BLEU, validation set",
+    "test_ppl": "test perplexity (lower is better)", "valid_ppl": "valid perplexity", "accuracy": "dev accuracy (%)",
+    "accuracy_epoch1": "dev accuracy after epoch 1 (%)",
+    "oov_accuracy": "OOV (%)", "ambiguous_accuracy": "ambiguous (%)", "final_accuracy": "final dev accuracy (%)",
+    "best_accuracy": "best dev accuracy (%)", "epochs": "epochs", "train_hours": "training h",
+}
+SECTION_TITLES = {
+    "translation": "Translation: Multi30k English-German (Wang et al. 2019, Table 1, and sequential methods)",
+    "lm": "Language modelling: Penn Treebank (Dagan 2019, Table 1)",
+    "tagging": "Part-of-speech tagging: UD English-EWT (Dufter et al. 2020, Table 2)",
+    "classification": "Sentence classification: SST-2 (Wu et al. 2021, Table 4)",
+}
+#: per task: the systems table's columns (the first with its per-seed values) and the claims' metrics
+COLUMNS = {
+    "translation": ["bleu_test", "bleu_valid"],
+    "lm": ["test_ppl", "valid_ppl", "epochs", "train_hours"],
+    "tagging": ["accuracy", "oov_accuracy", "ambiguous_accuracy", "accuracy_epoch1", "epochs"],
+    "classification": ["final_accuracy", "best_accuracy"],
+}
+
+
+# ------------------------------------------------------------------------------------- statistics
+def mean_sd(values: Sequence[float], digits: int = 2) -> str:
+    if not values:
+        return "–"
+    sd = statistics.stdev(values) if len(values) > 1 else 0.0
+    return f"{statistics.mean(values):.{digits}f} ± {sd:.{digits}f}"
+
+
+def in_all(n: int) -> str:
+    return f"in all {n} seeds" if n > 1 else "in the one seed"
+
+
+def sign_word(value: float) -> str:
+    return "Δ > 0" if value > 0 else "Δ < 0" if value < 0 else "Δ = 0"
+
+
+def verdict(claim: Claim, deltas: Dict[int, float], p_values: Dict[int, Optional[float]],
+            planned: int) -> Tuple[str, str]:
+    """The verdict and one sentence of why, by the rules stated on the page."""
+    n = len(deltas)
+    if n == 0:
+        return NOT_RUN, "no seed of both systems has finished."
+    tested = [p for p in p_values.values() if p is not None]
+    significant = sum(p < SIGNIFICANCE_LEVEL for p in tested)
+    sig_text = f" (significant in {significant} of {len(tested)})" if tested else ""
+    if n < planned:
+        return f"{INCOMPLETE} ({n} of {planned} seeds)", f"only {n} of {planned} seeds have finished."
+    mean = statistics.mean(deltas.values())
+    if claim.kind == NO_EFFECT:
+        largest = max(abs(d) for d in deltas.values())
+        same_sign = all(d > 0 for d in deltas.values()) or all(d < 0 for d in deltas.values())
+        if tested and significant == 0:
+            return NO_EFFECT_REPRODUCED, f"no seed differs significantly (largest |Δ| {largest:.2f})."
+        if not tested and not same_sign:
+            return NO_EFFECT_REPRODUCED, f"the seeds disagree in sign (largest |Δ| {largest:.2f}); no per-seed test."
+        if same_sign and (not tested or significant == len(tested)):
+            return NOT_REPRODUCED, (f"{sign_word(mean)} {in_all(n)}{sig_text}: a consistent difference "
+                                    "where the paper reports none.")
+        return INCONCLUSIVE, f"{sign_word(mean)} on average, significant in {significant} of {len(tested)} seeds."
+    expected = claim.expected_sign
+    agree = sum(d * expected > 0 for d in deltas.values()) if expected else 0
+    if expected == 0:
+        ups = sum(d > 0 for d in deltas.values())
+        return MEASURED, f"Δ > 0 in {ups} of {n} seeds{sig_text}; the paper has no number for this."
+    if mean * expected > 0 and agree == n:
+        return REPRODUCED, f"{sign_word(mean)} {in_all(n)}{sig_text}, as in the paper."
+    if mean * expected < 0 and all(d * expected < 0 for d in deltas.values()):
+        return NOT_REPRODUCED, f"{sign_word(mean)} {in_all(n)}{sig_text}, against the paper's direction."
+    return INCONCLUSIVE, f"the seeds disagree: the paper's direction in {agree} of {n}{sig_text}."
+
+
+@dataclass
+class TaskData:
+    """The finished runs of one task (and tag set): their metrics and the per-seed p-values."""
+
+    task: str
+    group: str
+    runs: List[Run]
+    entries: Dict[str, Dict[str, object]]
+    metrics: Dict[str, Dict[str, float]] = field(default_factory=dict)
+    p_values: Dict[Tuple[str, str, int, str], Optional[float]] = field(default_factory=dict)
+    signature: str = ""
+
+    def run(self, system: str, seed: int) -> Optional[Run]:
+        return next((r for r in self.runs if r.system == system and r.seed == seed), None)
+
+    def value(self, system: str, seed: int, metric: str) -> Optional[float]:
+        run = self.run(system, seed)
+        return self.metrics.get(run.id, {}).get(metric) if run else None
+
+    def seeds(self) -> List[int]:
+        return sorted({r.seed for r in self.runs if r.seed is not None})
+
+    def systems(self) -> List[str]:
+        return list(dict.fromkeys(r.system for r in self.runs))
+
+
+@dataclass
+class ClaimResult:
+    claim: Claim
+    planned: int
+    system_values: Dict[int, float]
+    reference_values: Dict[int, float]
+    p_values: Dict[int, Optional[float]]
+
+    @property
+    def deltas(self) -> Dict[int, float]:
+        return {s: self.system_values[s] - self.reference_values[s] for s in self.system_values
+                if s in self.reference_values}
+
+    def judged(self) -> Tuple[str, str]:
+        return verdict(self.claim, self.deltas, {s: self.p_values.get(s) for s in self.deltas}, self.planned)
+
+
+def evaluate(claim: Claim, data: TaskData) -> ClaimResult:
+    seeds = [s for s in data.seeds() if data.run(claim.system, s) and data.run(claim.reference, s)]
+    system_values, reference_values, p_values = {}, {}, {}
+    for seed in seeds:
+        value, reference = data.value(claim.system, seed, claim.metric), data.value(claim.reference, seed, claim.metric)
+        if value is None or reference is None:
+            continue
+        system_values[seed], reference_values[seed] = value, reference
+        p_values[seed] = data.p_values.get((claim.system, claim.reference, seed, claim.metric))
+    return ClaimResult(claim, len(seeds), system_values, reference_values, p_values)
+
+
+# ------------------------------------------------------------------------------------- reading
+def finished_runs(data: TaskData) -> List[Run]:
+    return [run for run in data.runs if run.finished()]
+
+
+def read_translation(data: TaskData, prep: Optional[Run], n_samples: int) -> None:
+    """BLEU of every finished run and p-values against each claim's reference, seed by seed."""
+    done = {(r.system, r.seed): r for r in finished_runs(data)}
+    if prep is None:
+        return
+    for subset in ("test", "valid"):
+        metric = f"bleu_{subset}"
+        by_reference: Dict[str, List[str]] = {}
+        for claim in claims_for("translation"):
+            if claim.metric == metric:
+                by_reference.setdefault(claim.reference, []).append(claim.system)
+        for seed in data.seeds():
+            for reference, systems in by_reference.items():
+                base, others = done.get((reference, seed)), [done[(s, seed)] for s in systems if (s, seed) in done]
+                if base is None or not others:
+                    continue
+                comparison = readers.compare_translations(base, others, subset, prep.out_dir / "raw" / f"{subset}.de",
+                                                          n_samples)
+                data.signature = comparison.signature
+                for system, bleu in comparison.bleu.items():
+                    data.metrics.setdefault(done[(system, seed)].id, {})[metric] = bleu
+                    if system != reference:
+                        data.p_values[(system, reference, seed, metric)] = comparison.p_value[system]
+        for run in done.values():  # a run that no claim pairs yet: its BLEU alone
+            if metric not in data.metrics.get(run.id, {}):
+                reference_path = prep.out_dir / "raw" / f"{subset}.de"
+                data.metrics.setdefault(run.id, {})[metric] = readers.bleu(run, subset, reference_path)
+
+
+def read_tagging(data: TaskData, dev: str, n_samples: int) -> None:
+    counts = {}
+    for run in finished_runs(data):
+        data.metrics[run.id] = readers.tagging_metrics(run)
+        predicted = run.out_dir / "runs" / run.system / f"seed{run.seed}" / "dev.pred.conllu"
+        counts[(run.system, run.seed)] = readers.sentence_counts(dev, str(predicted), data.group)
+    for claim in claims_for("tagging", data.group):
+        if claim.metric != "accuracy":
+            continue
+        for seed in data.seeds():
+            system, reference = counts.get((claim.system, seed)), counts.get((claim.reference, seed))
+            if system is not None and reference is not None:
+                data.p_values[(claim.system, claim.reference, seed, claim.metric)] = \
+                    readers.paired_accuracy_bootstrap(system[0], reference[0], reference[1], n_samples)
+
+
+def read_simple(data: TaskData, reader: Callable[[Run], Dict[str, float]]) -> None:
+    for run in finished_runs(data):
+        data.metrics[run.id] = reader(run)
+
+
+# ------------------------------------------------------------------------------------- pictures
+class Pictures:
+    """PNGs under ``directory``, linked from the page at ``page_dir``."""
+
+    def __init__(self, directory: Path, page_dir: Path) -> None:
+        self.directory, self.page_dir = directory, page_dir
+        self.written: List[Path] = []
+
+    def path(self, name: str) -> Path:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        path = self.directory / name
+        self.written.append(path)
+        return path
+
+    def link(self, path: Path, alt: str) -> str:
+        return f"![{alt}]({os.path.relpath(path, self.page_dir)})"
+
+    def remove_stale(self) -> None:
+        for old in self.directory.glob("*.png") if self.directory.exists() else []:
+            if old not in self.written:
+                old.unlink()
+
+
+def seeds_picture(pictures: Pictures, name: str, data: TaskData, metric: str, labels: Dict[str, str]) -> Optional[str]:
+    """Per system its per-seed values (dots) and their mean (a bar)."""
+    systems = [s for s in data.systems() if any(data.value(s, seed, metric) is not None for seed in data.seeds())]
+    if not systems:
+        return None
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(max(5.0, 0.7 * len(systems) + 2), 3.8), dpi=100)
+    for i, system in enumerate(systems):
+        values = [(seed, data.value(system, seed, metric)) for seed in data.seeds()]
+        values = [(seed, v) for seed, v in values if v is not None]
+        axes.scatter([i] * len(values), [v for _, v in values], s=18, zorder=3)
+        axes.hlines(statistics.mean(v for _, v in values), i - 0.3, i + 0.3, color="black", linewidth=1.5)
+    axes.set_xticks(range(len(systems)))
+    axes.set_xticklabels([labels[s] for s in systems], rotation=35, ha="right", fontsize=7)
+    axes.set_ylabel(METRIC_NAMES.get(metric, metric))
+    axes.set_title(f"{METRIC_NAMES.get(metric, metric)}: dots = seeds, bar = mean", fontsize=9)
+    axes.grid(True, axis="y", alpha=0.3)
+    figure.tight_layout()
+    path = pictures.path(name)
+    figure.savefig(path, format="png")
+    plt.close(figure)
+    return pictures.link(path, f"{metric} per seed")
+
+
+def curves_picture(pictures: Pictures, name: str, data: TaskData, metric: str, x: str, labels: Dict[str, str],
+                   title: str) -> Optional[str]:
+    groups = []
+    for system in data.systems():
+        curves = [Curve(str(run.train_log), points) for run in data.runs
+                  if run.system == system and run.finished()
+                  for points in [readers.curve(run.train_log, metric, x)] if points]
+        if curves:
+            groups.append(CurveGroup(labels[system], curves))
+    if not groups:
+        return None
+    path = pictures.path(name)
+    draw(groups, metric, x, "valid", str(path), band="minmax", title=title)
+    return pictures.link(path, title)
+
+
+def lm_time_picture(pictures: Pictures, data: TaskData, labels: Dict[str, str]) -> Optional[str]:
+    """Valid perplexity against epochs and against training hours, one line per run."""
+    runs = [r for r in data.runs if r.finished() and readers.curve(r.train_log, "ppl", "epoch")]
+    if not runs:
+        return None
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, (by_epoch, by_time) = plt.subplots(1, 2, figsize=(11, 4.2), dpi=100)
+    colours: Dict[str, str] = {}
+    for run in runs:
+        points = readers.curve(run.train_log, "ppl", "epoch")
+        hours = readers.training_hours_by_epoch(run.train_log)
+        colour = colours.setdefault(run.system, f"C{len(colours) % 10}")
+        label = labels[run.system] if run.seed == min(r.seed for r in runs if r.system == run.system) else None
+        by_epoch.plot([e for e, _ in points], [p for _, p in points], marker="o", markersize=3, color=colour,
+                      label=label)
+        timed = [(hours[int(e)], p) for e, p in points if int(e) in hours]
+        by_time.plot([h for h, _ in timed], [p for _, p in timed], marker="o", markersize=3, color=colour)
+    for axes, xlabel in ((by_epoch, "epoch"), (by_time, "training time (h, fairseq train_wall)")):
+        axes.set_yscale("log")
+        axes.set_xlabel(xlabel)
+        axes.set_ylabel("valid perplexity")
+        axes.grid(True, alpha=0.3)
+    by_epoch.legend(fontsize=7)
+    figure.suptitle("PTB valid perplexity (one line per seed)", fontsize=10)
+    figure.tight_layout()
+    path = pictures.path("lm_valid_ppl.png")
+    figure.savefig(path, format="png")
+    plt.close(figure)
+    return pictures.link(path, "PTB valid perplexity against epochs and training time")
+
+
+# ------------------------------------------------------------------------------------- page
+def fmt(value: Optional[float], digits: int = 2) -> str:
+    return "–" if value is None else f"{value:.{digits}f}"
+
+
+def digits_of(metric: str) -> int:
+    return 0 if metric == "epochs" else 2
+
+
+def claim_row(result: ClaimResult, labels: Dict[str, str]) -> str:
+    claim = result.claim
+    judged, why = result.judged()
+    paper = "–"
+    if claim.has_paper_number:
+        paper = f"{claim.paper_system:.2f} vs {claim.paper_reference:.2f} ({claim.paper_delta:+.2f})"
+    elif claim.expected_sign:
+        paper = f"{'higher' if claim.expected_sign > 0 else 'lower'} (text and curves)"
+    deltas = result.deltas
+    ours = "–"
+    if deltas:
+        ours = (f"{mean_sd(list(result.system_values.values()))} vs {mean_sd(list(result.reference_values.values()))};"
+                f" Δ {mean_sd(list(deltas.values()))} ({len(deltas)} seed{'s' * (len(deltas) > 1)})")
+    def with_p(seed: int) -> str:
+        p_value = result.p_values.get(seed)
+        return f" (p {p_value:.3f})" if p_value is not None else ""
+
+    per_seed = ", ".join(f"s{seed}: {delta:+.2f}{with_p(seed)}" for seed, delta in sorted(deltas.items())) or "–"
+    reading = f" The paper: {claim.reading}." if claim.reading else ""
+    return (f"| {labels[claim.system]} vs {labels[claim.reference]} | {METRIC_NAMES[claim.metric]} | {paper} | "
+            f"{ours} | {per_seed} | **{judged}** | {why[0].upper() + why[1:]}{reading} |")
+
+
+CLAIM_HEADER = ["| claim | metric | paper | ours: system vs reference, Δ = mean ± sd "
+                "| Δ per seed (paired bootstrap p) | verdict | why |", "|---|---|---|---|---|---|---|"]
+
+
+def systems_table(data: TaskData, labels: Dict[str, str]) -> List[str]:
+    columns = COLUMNS[data.task]
+    header = (f"| system | seeds | {METRIC_NAMES[columns[0]]} | per seed | "
+              + " | ".join(METRIC_NAMES[c] for c in columns[1:]) + " | wall time per run (min) |")
+    lines = [header, "|---" * (len(columns) + 4) + "|"]
+    seeds = data.seeds()
+    for system in data.systems():
+        done = [s for s in seeds if data.run(system, s) and data.run(system, s).id in data.metrics]  # type: ignore
+        cells = []
+        for i, metric in enumerate(columns):
+            values = [v for v in (data.value(system, s, metric) for s in done) if v is not None]
+            cells.append(mean_sd(values, digits_of(metric)))
+            if i == 0:
+                cells.append(", ".join([f"s{s}: {fmt(data.value(system, s, metric))}" for s in done]
+                                       + unfinished(data, system, done)) or NOT_RUN)
+        walls = [wall_seconds(data.entries.get(data.run(system, s).id, {})) for s in done]  # type: ignore[union-attr]
+        wall = f"{statistics.mean(walls) / 60:.1f}" if walls else "–"
+        lines.append(f"| {labels[system]} | {len(done)} of {len(seeds)} | " + " | ".join(cells) + f" | {wall} |")
+    return lines
+
+
+def unfinished(data: TaskData, system: str, done: Sequence[int]) -> List[str]:
+    """``s2: failed`` for the seeds the runner tried without finishing (see its manifest)."""
+    cells = []
+    for seed in data.seeds():
+        run = data.run(system, seed)
+        status = data.entries.get(run.id, {}).get("status") if run and seed not in done else None
+        if status in ("failed", "interrupted", "running"):
+            cells.append(f"s{seed}: {status}")
+    return cells
+
+
+def wall_line(data: TaskData) -> str:
+    entries = [data.entries.get(r.id, {}) for r in finished_runs(data)]
+    total = sum(wall_seconds(entry) for entry in entries)
+    return (f"**Wall time**: {len(entries)} of {len(data.runs)} runs finished, {total / 3600:.2f} h of wall time "
+            "in all (the runner's clock, summed over attempts; runs side by side share the machine).")
+
+
+def commands(data: TaskData, extra: Sequence[Run] = ()) -> List[str]:
+    first = data.seeds()[0] if data.seeds() else None
+    shown = list(extra) + [r for r in data.runs if r.seed == first]
+    return (["<details><summary>Exact commands (seed "
+             f"{first}; the other seeds differ only in SEED / SEEDS and OUT)</summary>", "", "```"]
+            + [run.shell() for run in shown] + ["```", "", "</details>"])
+
+
+@dataclass
+class Section:
+    lines: List[str]
+    claims: List[Tuple[str, ClaimResult]]
+
+
+def section(data: TaskData, settings: Settings, pictures: Pictures, extra_runs: Sequence[Run] = ()) -> Section:
+    labels = SYSTEMS[data.task]
+    suffix = f"_{data.group}" if data.group else ""
+    lines: List[str] = []
+    results = [evaluate(claim, data) for claim in claims_for(data.task, data.group)]
+    lines += CLAIM_HEADER + [claim_row(r, labels) for r in results] + [""]
+    lines += systems_table(data, labels) + [""]
+    if data.task == "lm" and data.metrics:
+        short = [f"{labels[run.system]} seed {run.seed} ({data.metrics[run.id]['epochs']:.0f})" for run in data.runs
+                 if data.metrics.get(run.id, {}).get("epochs", settings.lm_min_epochs) < settings.lm_min_epochs]
+        lines += [f"Finished runs with fewer than {settings.lm_min_epochs} epochs: {', '.join(short) or 'none'}.", ""]
+    if data.signature:
+        lines += [f"sacreBLEU signature: `{data.signature}`.", ""]
+    main_metric = COLUMNS[data.task][0]
+    pictures_md = [seeds_picture(pictures, f"{data.task}{suffix}_seeds.png", data, main_metric, labels)]
+    if data.task == "translation":
+        pictures_md.append(curves_picture(pictures, "translation_valid_loss.png", data, "loss", "num_updates", labels,
+                                          "valid loss (label-smoothed, base 2) against updates"))
+    elif data.task == "lm":
+        pictures_md.append(lm_time_picture(pictures, data, labels))
+    elif data.task == "tagging":
+        pictures_md.append(curves_picture(pictures, f"tagging{suffix}_curves.png", data, "accuracy", "epoch", labels,
+                                          f"EWT dev accuracy ({data.group.upper()}) against epochs"))
+    else:
+        pictures_md.append(curves_picture(pictures, "classification_curves.png", data, "accuracy", "num_updates",
+                                          labels, "SST-2 dev accuracy against updates"))
+    drawn = [p for p in pictures_md if p]
+    lines += ([" ".join(drawn), ""] if drawn else ["*(pictures appear when runs have finished)*", ""])
+    lines += [wall_line(data), ""] + commands(data, extra_runs) + [""]
+    return Section(lines, [(data.task + (f" ({data.group.upper()})" if data.group else ""), r) for r in results])
+
+
+def budgets(task: str, settings: Settings) -> List[str]:
+    seeds = " ".join(str(s) for s in settings.seeds[task])
+    if task == "translation":
+        text = [translation_budget(settings)]
+    elif task == "lm":
+        return [f"**Seeds**: {seeds}. **Budget**, the same wall time for every model:", "",
+                f"- LSTMs: {lm_budget(settings, LSTM_SYSTEMS[0])}.",
+                f"- Transformers: {lm_budget(settings, 'tf_vanilla')}.",
+                f"- Runs that reached fewer than {settings.lm_min_epochs} epochs in that time are listed below the "
+                "table.", ""]
+    elif task == "tagging":
+        text = [tagging_budget(settings)]
+    else:
+        text = [classification_budget(settings)]
+    return [f"**Seeds**: {seeds}. **Budget**, the same for every system: " + " ".join(text) + ".", ""]
+
+
+INTRO = {
+    "translation": [
+        "Wang et al.'s Table 1 rows 1-7 and 9 (their Chinese-English numbers, compared as a direction) and the "
+        "sequential methods on the same recipe (`examples/multi30k_en_de/run.sh`, `PRESET=small`), each row "
+        "against its reference of the same seed: rows 2 and 3 against row 1, row 9 against row 7, the others "
+        "against row 4. p: sacrebleu's paired bootstrap (1,000 resamples) of the system against the reference "
+        "translated by the model of the same seed.", ""],
+    "lm": [
+        "`examples/language_model/run_ptb.sh` on the full Mikolov PTB, sentence level; perplexity is "
+        "fairseq-eval-lm's over every target token, end of sentence included, from `checkpoint_best.pt` in a "
+        "fresh process. Dagan's numbers (test perplexity: LSTM 64.96, attentive 76.56, positional attentive "
+        "70.92) come from a different code base, perplexity count and training length: compare the direction, "
+        "not the number. No per-seed significance test (seeds only).", ""],
+    "tagging": [
+        "`examples/pos_tagging/run.sh` on UD English-EWT (train / dev; EWT has no test set in our data and we "
+        "report dev), UPOS and XPOS (EWT's XPOS is the Penn Treebank tag set, so XPOS is compared with the "
+        "paper's PTB results and UPOS with its UD macro means; EWT itself is not among the paper's 47 UD "
+        "treebanks). Accuracy over every dev word from `checkpoint_best.pt` (early stopping selects on the dev "
+        "set it is reported on, as the paper's early stopping does on its dev set). p: paired bootstrap over "
+        "dev sentences (1,000 resamples) against SAN+PE[add] of the same seed.", ""],
+    "classification": [
+        "`examples/sentence_classification/run.sh` on SST-2 (6,920 train, 872 dev sentences; Wu et al. report "
+        "their own split's test set with GloVe vectors). The verdicts use the dev accuracy after the last "
+        "update (not selected on dev); the best one is shown beside it. No per-seed significance test (seeds "
+        "only). No longer-input classification data set is available offline here (only SST-2), so none was "
+        "run.", ""],
+}
+
+RULES = [
+    "## How to read the verdicts", "",
+    "Δ = system − reference, per seed (the reference system trained with the same seed); mean ± sd over seeds.",
+    "",
+    "- A claim of a **direction** (the paper reports the system better or worse): **reproduced in direction** "
+    "when the mean Δ has the paper's sign and so does every seed's Δ; **not reproduced** when the mean Δ has "
+    "the opposite sign and so does every seed's; otherwise **inconclusive**. The size is not compared: our "
+    "data, models and budgets are smaller than the papers'.",
+    "- A claim of **no effect** (the paper's text says the two perform alike): **reproduced (no effect)** when "
+    "no seed differs significantly (where a per-seed test exists; else when the seeds disagree in sign); "
+    "**not reproduced** when every seed differs in the same direction (and significantly, where tested); "
+    "otherwise **inconclusive**.",
+    f"- Significance: paired bootstrap resampling per seed (BLEU: sacrebleu's; tagging: the same over dev "
+    f"sentences), p < {SIGNIFICANCE_LEVEL} counts as significant; it is reported beside the verdict, which "
+    "rests on the agreement of the seeds.",
+    "- **measured only**: no paper number for this comparison; the same statistics, no verdict.",
+    f"- **{NOT_RUN}** / **{INCOMPLETE}**: not every planned seed of both systems has finished; the page fills in "
+    "as runs finish.", "",
+]
+
+
+def how_made(settings: Settings, finished: int, planned: int) -> List[str]:
+    return [
+        "## How this page is made, and how to resume the runs", "",
+        f"Generated by `python examples/evidence/results.py` on {datetime.date.today().isoformat()} from the logs "
+        f"of the evidence runs in `{display(settings.out)}/` ({finished} of {planned} runs finished). Nothing on "
+        "it is typed by hand: run the script again to refresh it (the runner does at its end).", "",
+        "- **Start, or resume after an interruption**, from the repository root: "
+        "`nohup bash examples/evidence/run.sh > evidence.log 2>&1 &`. Stop it with `kill -TERM <its pid>`: the "
+        "running recipes are stopped and marked interrupted. The same command carries on: a run counts as "
+        "finished only when its final artifact exists (translations with fairseq-generate's closing line, "
+        "fairseq-eval-lm's perplexity, fairseq-validate's accuracy) and is never redone; an interrupted training "
+        "resumes from its `checkpoint_last.pt`, and the recipes skip every step whose output exists.",
+        "- **Progress**: `bash examples/evidence/run.sh status`; every run with its status and exact command: "
+        "`bash examples/evidence/run.sh plan`; per-run status and wall time of every attempt: "
+        f"`{display(settings.out)}/manifest.json`; each run's recipe output: `recipe.log` in its folder.",
+        "- **Selection and budgets** (environment): `TASKS` (default `translation lm tagging classification`), "
+        "`SEEDS` or `TRANSLATION_SEEDS` / `LM_SEEDS` / `TAGGING_SEEDS` / `CLASSIFICATION_SEEDS`, "
+        "`<TASK>_SYSTEMS`, `TAG_SETS`, `TRANSLATION_MAX_UPDATE`, `LM_MINUTES`, `LM_LSTM_LR`, `TAGGING_PATIENCE`, "
+        "`TAGGING_MAX_EPOCH`, `CLASSIFICATION_MAX_UPDATE`, `JOBS` (runs at once, default 2) and `THREADS` (per "
+        "run, default 1), `EVIDENCE_OUT`, and the data folders `MULTI30K_DIR`, `PTB_DIR`, `EWT` (or `EWT_TRAIN` "
+        "and `EWT_DEV`), `SST2` (`examples/evidence/evidence_plan.py`).", "",
+    ]
+
+
+def summary(claims: Sequence[Tuple[str, ClaimResult]]) -> List[str]:
+    lines = ["## Summary of the papers' claims", "",
+             "| task | claim | metric | paper | verdict |", "|---|---|---|---|---|"]
+    for task, result in claims:
+        claim = result.claim
+        if not claim.is_paper_claim:
+            continue
+        labels = SYSTEMS[claim.task]
+        paper = (f"{claim.paper_delta:+.2f}" if claim.has_paper_number
+                 else "higher" if claim.expected_sign > 0 else "lower")
+        if claim.kind == NO_EFFECT:
+            paper += " (no effect)"
+        lines.append(f"| {task} | {labels[claim.system]} vs {labels[claim.reference]} | {METRIC_NAMES[claim.metric]} "
+                     f"| {paper} | {result.judged()[0]} |")
+    return lines + [""]
+
+
+def load_settings(evidence_out: Optional[str]) -> Tuple[Settings, Dict[str, Dict[str, object]]]:
+    env = dict(os.environ)
+    if evidence_out:
+        env["EVIDENCE_OUT"] = evidence_out
+    settings = Settings.from_env(env)
+    manifest = settings.out / "manifest.json"
+    if not manifest.exists():
+        return settings, {}
+    with open(manifest, encoding="utf-8") as f:
+        data = json.load(f)
+    recorded = Settings.from_json({**data.get("settings", {}), "out": str(settings.out)})
+    recorded.tasks = list(TASKS)  # every task has its section; those not run show "not run yet"
+    return recorded, data.get("runs", {})
+
+
+def build_page(settings: Settings, entries: Dict[str, Dict[str, object]], pictures: Pictures,
+               n_samples: int) -> str:
+    all_tasks = Settings.from_json({**settings.to_json(), "tasks": list(TASKS)})
+    runs = build_plan(all_tasks)
+    sections: List[str] = []
+    claims: List[Tuple[str, ClaimResult]] = []
+    for number, task in enumerate(TASKS, start=1):
+        sections += [f"## {number}. {SECTION_TITLES[task]}", ""] + INTRO[task] + budgets(task, settings)
+        mine = [r for r in runs if r.task == task and r.seed is not None]
+        groups = settings.tag_sets if task == "tagging" else [""]
+        for group in groups:
+            data = TaskData(task, group, [r for r in mine if r.group == group], entries)
+            extra: List[Run] = []
+            if task == "translation":
+                prep = next(r for r in runs if r.id == "translation/data")
+                read_translation(data, prep if prep.finished() else None, n_samples)
+                extra = [prep]
+            elif task == "lm":
+                read_simple(data, readers.lm_metrics)
+            elif task == "tagging":
+                read_tagging(data, settings.data["ewt_dev"], n_samples)
+                sections += [f"### {group.upper()}", ""]
+            else:
+                read_simple(data, readers.classification_metrics)
+            result = section(data, settings, pictures, extra)
+            sections += result.lines
+            claims += result.claims
+    finished = sum(r.finished() for r in runs)
+    head = ["# Results: do the papers' claims hold here?", "",
+            "Every number on this page comes from the logs of the evidence runs "
+            "(`examples/evidence/`); rows without finished runs say so."]
+    return "\n".join(head + [""] + how_made(settings, finished, len(runs)) + RULES + summary(claims) + sections)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--evidence-out", help="the runs' folder (default: EVIDENCE_OUT, else evidence-output/)")
+    parser.add_argument("--output", default=str(REPO / "docs" / "results.md"),
+                        help="the page (default: docs/results.md)")
+    parser.add_argument("--images", help="folder of its pictures (default: images/results/ beside the page)")
+    parser.add_argument("--bootstrap-samples", type=int, default=1000,
+                        help="paired bootstrap resamples (default: 1000)")
+    args = parser.parse_args(argv)
+    setup_logging()
+    settings, entries = load_settings(args.evidence_out)
+    output = Path(args.output).resolve()
+    pictures = Pictures(Path(args.images).resolve() if args.images else output.parent / "images" / "results",
+                        output.parent)
+    page = build_page(settings, entries, pictures, args.bootstrap_samples)
+    with atomic_write(str(output)) as out:
+        out.write(page)
+    pictures.remove_stale()
+    print(f"wrote {output} and {len(pictures.written)} picture(s) in {pictures.directory}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,182 @@
+"""What each finished evidence run measured, read from the files its recipe wrote.
+
+Per run a dictionary of metrics (``bleu_test``, ``test_ppl``, ``accuracy``, ``final_accuracy``, ...) and
+its learning curve; per pair of runs of one seed the paired bootstrap p-value: sacrebleu's for BLEU
+(:func:`fairseq_posattn.data.significance.paired_bootstrap`), the same resampling over dev sentences for
+tagging accuracy (:func:`paired_accuracy_bootstrap`).
+
+A training interrupted and resumed leaves its earlier logs as ``<log>.attempt<N>`` (the runner keeps
+them; the recipe starts a new log): a curve reads them in order, a later validation of the same x
+replacing an earlier one.
+"""
+
+import importlib.util
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from evidence_plan import REPO, Run
+
+from fairseq_posattn.data.generate_output import score_generate_output
+from fairseq_posattn.data.significance import MetricComparison, paired_bootstrap, read_references, read_system
+from fairseq_posattn.data.tagged_corpus import read_tagged_conllu
+from fairseq_posattn.inspect.learning_curves import read_validations
+
+TRAIN_SUMMARY = re.compile(r"\| train \| epoch (\d+) \|.*?\| train_wall ([0-9.]+)")
+BOOTSTRAP_SEED = 12345  # sacrebleu's default resampling seed, for the tagging bootstrap too
+
+
+def _example_module(name: str, path: str) -> ModuleType:
+    """A results_table.py of another recipe (two share the name, so each is loaded under its own)."""
+    spec = importlib.util.spec_from_file_location(name, REPO / path)
+    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module
+
+
+LM_TABLE = _example_module("lm_results_table", "examples/language_model/results_table.py")
+TAGGING_TABLE = _example_module("tagging_results_table", "examples/pos_tagging/results_table.py")
+
+
+def attempt_logs(log: Optional[Path]) -> List[Path]:
+    """The logs of a run's training, oldest first: ``<log>.attempt1``, ``.attempt2``, ..., ``<log>``."""
+    if log is None:
+        return []
+    attempts = sorted(log.parent.glob(log.name + ".attempt*"), key=lambda p: int(p.suffix[len(".attempt"):]))
+    return attempts + ([log] if log.exists() else [])
+
+
+def validations(log: Optional[Path], x: str) -> Dict[float, Dict[str, float]]:
+    """Every 'valid' validation of a run's training logs by ``x`` (``epoch`` or ``num_updates``)."""
+    found: Dict[float, Dict[str, float]] = {}
+    for path in attempt_logs(log):
+        for stats in read_validations(str(path)):
+            if x in stats:
+                found[stats[x]] = stats
+    return dict(sorted(found.items()))
+
+
+def curve(log: Optional[Path], metric: str, x: str) -> List[Tuple[float, float]]:
+    return [(at, stats[metric]) for at, stats in validations(log, x).items() if metric in stats]
+
+
+def training_hours_by_epoch(log: Optional[Path]) -> Dict[int, float]:
+    """Cumulative training time (fairseq's train_wall, validation excluded) at the end of each epoch."""
+    per_epoch: Dict[int, float] = {}
+    for path in attempt_logs(log):
+        with open(path, encoding="utf-8", errors="replace") as f:
+            for match in TRAIN_SUMMARY.finditer(f.read()):
+                per_epoch[int(match[1])] = float(match[2])
+    hours, total = {}, 0.0
+    for epoch in sorted(per_epoch):
+        total += per_epoch[epoch]
+        hours[epoch] = total / 3600
+    return hours
+
+
+# --------------------------------------------------------------------------------- per-task metrics
+def lm_metrics(run: Run) -> Dict[str, float]:
+    logs = run.out_dir / "logs"
+    valid = LM_TABLE.parse_eval(LM_TABLE.read(str(logs / f"eval.{run.system}.valid.log")))
+    test = LM_TABLE.parse_eval(LM_TABLE.read(str(logs / f"eval.{run.system}.test.log")))
+    metrics = {"valid_ppl": valid.get("ppl"), "test_ppl": test.get("ppl"), "test_tokens": test.get("tokens")}
+    epochs = validations(run.train_log, "epoch")
+    if epochs:
+        metrics["epochs"] = max(epochs)
+    hours = training_hours_by_epoch(run.train_log)
+    if hours:
+        metrics["train_hours"] = hours[max(hours)]
+    return {k: float(v) for k, v in metrics.items() if v is not None}
+
+
+def tagging_metrics(run: Run) -> Dict[str, float]:
+    run_dir = run.out_dir / "runs" / run.system / f"seed{run.seed}"
+    scores = TAGGING_TABLE.read_validation(str(run_dir / "validate.log"))["valid"]
+    metrics = dict(scores)
+    by_epoch = validations(run.train_log, "epoch")
+    if by_epoch:
+        metrics["epochs"] = max(by_epoch)
+        first = by_epoch.get(1.0, {})
+        if "accuracy" in first:
+            metrics["accuracy_epoch1"] = first["accuracy"]
+    return metrics
+
+
+VALIDATE_ACCURACY = re.compile(r"valid on 'valid' subset \|.*?\| accuracy ([0-9.]+)")
+
+
+def classification_metrics(run: Run) -> Dict[str, float]:
+    run_dir = run.out_dir / "runs" / run.system / f"seed{run.seed}"
+    metrics: Dict[str, float] = {}
+    with open(run_dir / "validate.log", encoding="utf-8", errors="replace") as f:
+        found = VALIDATE_ACCURACY.findall(f.read())
+    if found:
+        metrics["best_accuracy"] = float(found[-1])
+    points = curve(run.train_log, "accuracy", "num_updates")
+    if points:
+        metrics["final_accuracy"] = points[-1][1]
+    return metrics
+
+
+# --------------------------------------------------------------------------------- translation
+@dataclass
+class BleuComparison:
+    """One seed and subset: every system's BLEU and p-value against ``reference``, with the signature."""
+
+    reference: str
+    bleu: Dict[str, float]
+    p_value: Dict[str, Optional[float]]
+    signature: str
+
+
+def translations(run: Run, subset: str) -> Path:
+    return run.out_dir / "generate" / f"row{run.system}" / f"generate-{subset}.txt"
+
+
+def bleu(run: Run, subset: str, ref_path: Path) -> float:
+    """sacreBLEU of one run's translations of ``subset``."""
+    return score_generate_output(str(translations(run, subset)), str(ref_path), "de").score
+
+
+def compare_translations(reference: Run, systems: Sequence[Run], subset: str, ref_path: Path,
+                         n_samples: int) -> BleuComparison:
+    """sacreBLEU of ``reference`` and ``systems`` (runs of one seed) and each system's paired bootstrap
+    p-value against ``reference``."""
+    references = read_references([str(ref_path)])
+    n_lines = len(references[0])
+    named = [(run.system, read_system(str(translations(run, subset)), "de", str(ref_path), n_lines))
+             for run in [reference, *systems]]
+    result: MetricComparison = paired_bootstrap(named, references, "sacreBLEU", n_samples=n_samples)
+    return BleuComparison(reference.system, {r.name: r.score for r in result.results},
+                          {r.name: r.p_value for r in result.results}, result.signature)
+
+
+# --------------------------------------------------------------------------------- tagging significance
+def sentence_counts(gold_path: str, predicted_path: str, column: str) -> Tuple[np.ndarray, np.ndarray]:
+    """Per dev sentence: words tagged right, and words."""
+    gold = list(read_tagged_conllu(gold_path, column))
+    predicted = list(read_tagged_conllu(predicted_path, column))
+    if [s.words for s in gold] != [s.words for s in predicted]:
+        raise ValueError(f"{predicted_path} does not hold the words of {gold_path} sentence by sentence")
+    right = np.array([sum(g == p for g, p in zip(s.tags, t.tags)) for s, t in zip(gold, predicted)])
+    return right, np.array([len(s.tags) for s in gold])
+
+
+def paired_accuracy_bootstrap(system: np.ndarray, baseline: np.ndarray, words: np.ndarray,
+                              n_samples: int = 1000) -> float:
+    """p-value of the accuracy difference of two taggers on the same sentences, by paired bootstrap
+    resampling of sentences, computed as sacrebleu's paired bootstrap computes it for BLEU (Koehn 2004):
+    resampled absolute differences, centred, counted where they exceed the observed one; ``(c + 1) /
+    (n + 1)``. Identical predictions have no difference to test: p = 1."""
+    if np.array_equal(system, baseline):
+        return 1.0
+    observed = abs(system.sum() - baseline.sum()) / words.sum()
+    rng = np.random.default_rng(BOOTSTRAP_SEED)
+    idx = rng.choice(len(words), size=(n_samples, len(words)), replace=True)
+    diffs = np.abs(system[idx].sum(1) - baseline[idx].sum(1)) / words[idx].sum(1)
+    centred = diffs - diffs.mean()
+    return float((np.sum(centred > observed) + 1) / (n_samples + 1))

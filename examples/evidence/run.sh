@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# The evidence runs: Multi30k translation, PTB language models, UD English-EWT tagging and SST-2
+# classification, several seeds each, the same budget per task, then docs/results.md regenerated
+# from their logs (examples/evidence/results.py).  See the top of docs/results.md.
+#
+#   nohup bash examples/evidence/run.sh > evidence.log 2>&1 &     # start, or resume after an interruption
+#   kill -TERM <its pid>                                          # stop cleanly (running recipes are resumed later)
+#   TASKS="tagging classification" JOBS=2 bash examples/evidence/run.sh
+#   bash examples/evidence/run.sh plan | status                   # the runs and their commands / progress
+#
+# Settings (environment): TASKS, SEEDS or <TASK>_SEEDS, <TASK>_SYSTEMS, TAG_SETS, TRANSLATION_MAX_UPDATE,
+# LM_MINUTES, LM_LSTM_LR, TAGGING_PATIENCE, TAGGING_MAX_EPOCH, CLASSIFICATION_MAX_UPDATE, MAX_UPDATE (cap, smoke
+# runs), JOBS, THREADS, EVIDENCE_OUT and the data folders MULTI30K_DIR, PTB_DIR, EWT (or EWT_TRAIN and
+# EWT_DEV), SST2 (examples/evidence/evidence_plan.py).
+set -euo pipefail
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+[[ -x "$REPO/.venv/bin/python" ]] && export PATH="$REPO/.venv/bin:$PATH"
+action=run
+case "${1:-}" in plan|run|status) action=$1; shift ;; esac
+exec python "$REPO/examples/evidence/evidence.py" "$action" "$@"

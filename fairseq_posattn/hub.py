@@ -1,0 +1,172 @@
+"""Hub interfaces: ``Model.from_pretrained(...)`` for every model family of the plugin (docs/hub.md).
+
+As fairseq's own models offer it (:func:`fairseq.hub_utils.from_pretrained`, checkpoint + data
+directory + keyword overrides), the interface depends on the checkpoint's task:
+
+- translation (``translation``, ``translation_structural``): fairseq's
+  :class:`~fairseq.hub_utils.GeneratorHubInterface` (``translate``, ``sample``, ``generate``); a
+  structural model parses its sources inside the task's inference path, as fairseq-interactive does.
+- language models (``language_modeling``): :class:`LanguageModelHubInterface`, fairseq's interface
+  whose ``score`` and ``perplexity`` score a sentence as ``fairseq-eval-lm --sample-break-mode eos`` does.
+- the tagger (``pos_tagging``): :class:`TaggerHubInterface`, ``tag`` as ``posattn-tag`` tags.
+
+:func:`from_pretrained` loads any of them without naming the architecture.
+"""
+
+import math
+from typing import Any, Dict, List, Optional, Sequence, Union
+
+import torch
+from fairseq import hub_utils, utils
+from fairseq.data import MonolingualDataset, TokenBlockDataset
+from fairseq.hub_utils import GeneratorHubInterface
+from fairseq.sequence_scorer import SequenceScorer
+from fairseq.tasks.language_modeling import LanguageModelingTask
+from torch import nn
+
+from fairseq_posattn.tasks.pos_tagging import PosTaggingTask
+
+#: ``max_tokens`` per batch when the checkpoint's config has neither --max-tokens nor --batch-size
+#: (fairseq-eval-lm's own fallback)
+DEFAULT_MAX_TOKENS = 36000
+
+Sentence = Union[str, Sequence[str]]
+
+
+def from_pretrained(model_name_or_path: str, checkpoint_file: str = "model.pt", data_name_or_path: str = ".",
+                    archive_map: Optional[Dict[str, Any]] = None, **kwargs) -> nn.Module:
+    """Load checkpoint(s) and their task as fairseq's ``from_pretrained`` does (``kwargs`` override the
+    checkpoint's config, e.g. ``tokenizer="posattn_moses"``) and wrap them in their family's interface."""
+    loaded = hub_utils.from_pretrained(model_name_or_path, checkpoint_file, data_name_or_path,
+                                       archive_map=archive_map, **kwargs)
+    return hub_interface(loaded["args"], loaded["task"], loaded["models"])
+
+
+def hub_interface(cfg: Any, task: Any, models: List[nn.Module]) -> nn.Module:
+    """The hub interface for ``task``'s family (see the module docstring)."""
+    _languages_of_task(cfg, task)
+    if isinstance(task, PosTaggingTask):
+        return TaggerHubInterface(cfg, task, models)
+    if isinstance(task, LanguageModelingTask):
+        return LanguageModelHubInterface(cfg, task, models)
+    return GeneratorHubInterface(cfg, task, models)
+
+
+def _languages_of_task(cfg: Any, task: Any) -> None:
+    """``--tokenizer posattn_moses`` tokenizes the task's source language and detokenizes its target
+    language: fill in those the caller did not give (fairseq infers them from the data directory)."""
+    tokenizer = cfg.get("tokenizer")
+    if tokenizer is None or tokenizer.get("_name") != "posattn_moses":
+        return
+    for name in ("source_lang", "target_lang"):
+        if tokenizer.get(name) is None:
+            tokenizer[name] = getattr(task.cfg, name, None)
+
+
+class LanguageModelHubInterface(GeneratorHubInterface):
+    """fairseq's interface (``sample``, ``generate``) whose ``score`` scores what fairseq-eval-lm scores.
+
+    fairseq's own ``score`` predicts a sentence's words but not its end; fairseq-eval-lm with
+    ``--sample-break-mode eos`` scores every sentence separately (context: the sentence so far, from
+    the end-of-sentence symbol, or ``<s>`` with ``--add-bos-token``) over its words **and** its end
+    of sentence. :meth:`score` does the latter, so :meth:`perplexity` of some sentences equals the
+    ``Perplexity`` fairseq-eval-lm prints for a file of those sentences, one per line, binarized with
+    the model's dictionary.
+    """
+
+    def score(self, sentences: Union[str, List[str]], **kwargs) -> Union[Dict[str, torch.Tensor],
+                                                                         List[Dict[str, torch.Tensor]]]:
+        """Per sentence (a string: that one's) fairseq's hypothesis dict: ``tokens`` (the words and the
+        end of sentence), ``positional_scores`` (natural log-probabilities of those tokens) and
+        ``score`` (their mean). ``kwargs``: ``max_tokens`` / ``batch_size`` per batch."""
+        if isinstance(sentences, str):
+            return self.score([sentences], **kwargs)[0]
+        return self.score_tokens([self.encode(sentence) for sentence in sentences], **kwargs)
+
+    def score_tokens(self, tokenized_sentences: List[torch.LongTensor], max_tokens: Optional[int] = None,
+                     batch_size: Optional[int] = None) -> List[Dict[str, torch.Tensor]]:
+        """:meth:`score` of binarized sentences, each ending with the end-of-sentence symbol."""
+        dataset = self._eval_lm_dataset(tokenized_sentences)
+        batches = self.task.get_batch_iterator(
+            dataset=dataset,
+            max_tokens=max_tokens or self.cfg.dataset.max_tokens or DEFAULT_MAX_TOKENS,
+            max_sentences=batch_size or self.cfg.dataset.batch_size,
+            max_positions=utils.resolve_max_positions(*[m.max_positions() for m in self.models]),
+            ignore_invalid_inputs=False, disable_iterator_cache=True,
+        ).next_epoch_itr(shuffle=False)
+        scorer = SequenceScorer(self.task.target_dictionary)
+        results: List[Optional[Dict[str, torch.Tensor]]] = [None] * len(tokenized_sentences)
+        for batch in batches:
+            batch = utils.apply_to_sample(lambda t: t.to(self.device), batch)
+            for index, hypos in zip(batch["id"].tolist(), scorer.generate(self.models, batch)):
+                results[index] = self._without_bos(hypos[0])
+        return results
+
+    def perplexity(self, sentences: List[str], **kwargs) -> float:
+        """2 ** (mean negative log2-probability over every scored token of ``sentences``), skipping
+        infinite scores as fairseq-eval-lm does: its ``Perplexity`` on the same sentences."""
+        scores = torch.cat([hypo["positional_scores"].double().cpu() for hypo in self.score(sentences, **kwargs)])
+        scores = scores[torch.isfinite(scores)]
+        if not len(scores):
+            raise ValueError("no token to score: give at least one sentence")
+        return 2 ** (-scores.sum().item() / len(scores) / math.log(2))
+
+    def _eval_lm_dataset(self, tokenized_sentences: List[torch.LongTensor]) -> MonolingualDataset:
+        """The dataset fairseq's ``language_modeling`` task builds for fairseq-eval-lm with
+        ``--sample-break-mode eos``: one block per sentence, targets shifted by one."""
+        dictionary = self.task.source_dictionary
+        blocks = TokenBlockDataset(tokenized_sentences, [len(t) for t in tokenized_sentences], block_size=None,
+                                   pad=dictionary.pad(), eos=dictionary.eos(), break_mode="eos",
+                                   include_targets=True)
+        return MonolingualDataset(blocks, blocks.sizes, dictionary, self.task.target_dictionary,
+                                  add_eos_for_other_targets=True, shuffle=False, targets=self.task.targets,
+                                  add_bos_token=self._add_bos_token)
+
+    @property
+    def _add_bos_token(self) -> bool:
+        return bool(getattr(self.task.args, "add_bos_token", False))
+
+    def _without_bos(self, hypo: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+        """With ``--add-bos-token`` fairseq-eval-lm drops the score of the leading ``<s>``."""
+        if not self._add_bos_token:
+            return hypo
+        scores = hypo["positional_scores"][1:]
+        return {**hypo, "tokens": hypo["tokens"][1:], "positional_scores": scores, "score": scores.mean()}
+
+
+class TaggerHubInterface(nn.Module):
+    """Part-of-speech tags of tokenized sentences from a ``san_tagger`` checkpoint (``--task pos_tagging``).
+
+    Words are given as the treebank tokenizes them (no tokenizer is applied); sentences longer than
+    the prepared ``--max-length`` are tagged in consecutive pieces, as ``posattn-tag`` and training do
+    (:meth:`fairseq_posattn.tasks.pos_tagging.PosTaggingTask.tag_sentences`).
+    """
+
+    def __init__(self, cfg: Any, task: PosTaggingTask, models: List[nn.Module]):
+        super().__init__()
+        if len(models) != 1:
+            raise ValueError(f"the tagger's hub interface takes one checkpoint, got {len(models)} "
+                             "(checkpoint_file names several, separated by ':')")
+        self.cfg = cfg
+        self.task = task
+        self.models = nn.ModuleList(models)
+        self.models[0].eval()
+        self.register_buffer("_float_tensor", torch.tensor([0], dtype=torch.float))
+
+    @property
+    def device(self) -> torch.device:
+        return self._float_tensor.device
+
+    @property
+    def tag_column(self) -> str:
+        """``upos`` or ``xpos``: the CoNLL-U column the model was trained on."""
+        return self.task.settings.tag_column
+
+    def tag(self, sentences: Union[str, Sequence[Sentence]], batch_size: int = 64
+            ) -> Union[List[str], List[List[str]]]:
+        """The tag of every word: ``tag("The cat sat")`` -> one list of tags; ``tag(sentences)`` ->
+        one list per sentence, each sentence a whitespace-separated string or a list of words."""
+        if isinstance(sentences, str):
+            return self.tag([sentences], batch_size)[0]
+        words = [sentence.split() if isinstance(sentence, str) else list(sentence) for sentence in sentences]
+        return self.task.tag_sentences(self.models[0], words, batch_size)

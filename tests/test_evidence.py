@@ -1,0 +1,240 @@
+"""examples/evidence: the plan of the evidence runs (every system of the four comparisons x seeds, each the
+existing recipe with its budget), the verdict rule and the tagging bootstrap, and, on the shipped PTB
+sample, a tiny set of runs interrupted by SIGTERM and resumed without redoing its finished runs, then
+the results page generated from them."""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Dict
+
+import numpy as np
+import pytest
+
+from model_helpers import REPO
+
+EVIDENCE = Path(REPO) / "examples" / "evidence"
+sys.path.insert(0, str(EVIDENCE))
+
+import evidence_plan as plan  # noqa: E402
+import paper_claims  # noqa: E402
+from results import INCONCLUSIVE, NO_EFFECT_REPRODUCED, NOT_REPRODUCED, NOT_RUN, REPRODUCED, verdict  # noqa: E402
+from results_readers import paired_accuracy_bootstrap, sentence_counts  # noqa: E402
+
+PTB_SAMPLE = os.path.join(REPO, "data", "ptb_sample")
+EWT_DEV = os.path.join(REPO, "data", "ud_ewt_sample", "en_ewt-ud-dev.sample.conllu")
+
+
+# ---------------------------------------------------------------------------------------------- the plan
+def test_the_plan_has_every_system_of_the_issue_with_its_seeds_and_budget(tmp_path):
+    settings = plan.Settings.from_env({"EVIDENCE_OUT": str(tmp_path)})
+    runs = plan.build_plan(settings)
+    by_task: Dict[str, set] = {}
+    for run in runs:
+        if run.seed is not None:
+            by_task.setdefault(run.task, set()).add((run.group, run.system, run.seed))
+    assert {s for _, s, _ in by_task["translation"]} == {"1", "2", "3", "4", "5", "6", "7", "9",
+                                                        "da", "rpr", "pr", "conv2d", "temp"}
+    assert {s for _, s, _ in by_task["lm"]} == {"lstm_lm", "attentive_lstm_lm", "positional_attentive_lstm_lm",
+                                               "tf_vanilla", "tf_da", "tf_shaw16", "tf_direct_both", "tf_conv2d"}
+    assert {s for _, s, _ in by_task["tagging"]} == {"pe_add", "p_r", "temp", "conv", "conv2d", "pe_con", "san"}
+    assert {s for _, s, _ in by_task["classification"]} == {"vanilla", "shaw", "da", "nopos"}
+    seeds = {task: sorted({seed for _, _, seed in runs_}) for task, runs_ in by_task.items()}
+    assert seeds == {"translation": [1, 2, 3], "lm": [1, 2], "tagging": [1, 2, 3], "classification": [1, 2, 3, 4, 5]}
+    assert len(by_task["translation"]) == 13 * 3 and len(by_task["lm"]) == 8 * 2
+    assert len(by_task["tagging"]) == 7 * 2 * 3 and len(by_task["classification"]) == 4 * 5
+    assert len({run.out_dir for run in runs}) == len(runs)  # every run in its own folder
+    assert len({run.id for run in runs}) == len(runs) == 1 + 39 + 16 + 42 + 20
+    # the same budget for all the systems of a task, passed to the recipe
+    for run in runs:
+        assert run.out_dir.is_relative_to(tmp_path) and f"bash {run.recipe}" in run.shell()
+        if run.task == "translation" and run.seed:
+            assert run.env["MAX_UPDATE"] == "1500" and run.env["SEED"] == str(run.seed)
+            assert run.depends_on == "translation/data" and run.env["GEN_SUBSETS"] == "valid test"
+        if run.task == "lm":
+            assert run.env["STOP_TIME_HOURS"] == "2" and run.env["VALIDATE"] == "1" and run.env["MAX_UPDATE"] == "0"
+            assert run.env["OPTIMIZER"] == ("paper" if run.system in plan.LSTM_SYSTEMS else "adam")
+        if run.task == "tagging":
+            assert run.env["PATIENCE"] == "3" and run.env["VALIDATE_EVERY"] == "0"
+            assert run.env["CHECKPOINT"] == "checkpoint_best.pt" and run.env["TAG_COLUMN"] == run.group
+        if run.task == "classification":
+            assert run.env["MAX_UPDATE"] == "434" and run.env["SEEDS"] == str(run.seed)
+    # every claim names planned systems
+    for claim in paper_claims.CLAIMS:
+        assert {claim.system, claim.reference} <= set(plan.SYSTEMS[claim.task]), claim
+
+
+def test_selection_and_cap_from_the_environment(tmp_path):
+    settings = plan.Settings.from_env({"EVIDENCE_OUT": str(tmp_path), "TASKS": "tagging lm", "SEEDS": "7",
+                                       "TAGGING_SYSTEMS": "pe_add conv", "TAG_SETS": "xpos", "LM_SYSTEMS": "tf_da",
+                                       "MAX_UPDATE": "3", "LM_MINUTES": "30"})
+    runs = plan.build_plan(settings)
+    assert [r.id for r in runs] == ["tagging/xpos/pe_add/seed7", "tagging/xpos/conv/seed7", "lm/tf_da/seed7"]
+    assert runs[0].env["MAX_UPDATE"] == "3" and runs[2].env["STOP_TIME_HOURS"] == "0.5"
+    for env, name in (({"TASKS": "translation parsing"}, "TASKS"), ({"LM_SYSTEMS": "gpt"}, "LM_SYSTEMS"),
+                      ({"SEEDS": "one"}, "SEEDS"), ({"JOBS": "-1"}, "JOBS"), ({"TAG_SETS": "lemma"}, "TAG_SETS")):
+        with pytest.raises(plan.PlanError, match=name):
+            plan.Settings.from_env(env)
+
+
+def test_every_planned_system_has_flags_in_its_recipe(tmp_path):
+    """The names the plan passes (VARIANTS, MODELS) are the recipes' own."""
+    env = {**os.environ, "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"}
+    translation = " ".join(plan.SYSTEMS["translation"])
+    printed = subprocess.run(["bash", os.path.join(REPO, plan.RECIPES["translation"]), "--dry-run"],
+                             env={**env, "OUT": str(tmp_path), "VARIANTS": translation, "STEPS": "train"},
+                             capture_output=True, text=True, check=True).stdout
+    assert printed.count("+ fairseq-train ") == 13
+    assert "--encoder-distance-aware --decoder-distance-aware" in printed
+    assert "--encoder-no-token-positional-embeddings --encoder-direct-position both" in printed
+    variants = os.path.join(REPO, "examples", "pos_tagging", "variants.sh")
+    tagging = subprocess.run(["bash", "-c", f"source {variants}; echo ${{!VARIANT_FLAGS[@]}}"],
+                             capture_output=True, text=True, check=True).stdout.split()
+    assert set(plan.SYSTEMS["tagging"]) <= set(tagging)
+    refused = subprocess.run(["bash", os.path.join(REPO, plan.RECIPES["classification"]), str(tmp_path / "none")],
+                             env={**env, "VARIANTS": " ".join(plan.SYSTEMS["classification"])},
+                             capture_output=True, text=True)
+    assert "not found" in refused.stderr and "unknown variant" not in refused.stderr  # names checked before data
+    with open(os.path.join(REPO, plan.RECIPES["lm"]), encoding="utf-8") as f:
+        models = set(re.findall(r"^\s+(\w+)\)\s+echo", f.read(), re.M))
+    assert set(plan.SYSTEMS["lm"]) <= models
+
+
+# ---------------------------------------------------------------------------------------------- statistics
+def test_verdicts_follow_the_stated_rule():
+    better = paper_claims.Claim("translation", "6", "4", "bleu_test", 45.10, 44.31)
+    assert verdict(better, {}, {}, 3)[0] == NOT_RUN
+    assert verdict(better, {1: 0.4, 2: 0.1, 3: 0.3}, {1: 0.01, 2: 0.3, 3: 0.04}, 3) == (
+        REPRODUCED, "Δ > 0 in all 3 seeds (significant in 2 of 3), as in the paper.")
+    assert verdict(better, {1: -0.4, 2: -0.1, 3: -0.3}, {}, 3)[0] == NOT_REPRODUCED
+    assert verdict(better, {1: 0.9, 2: -0.1, 3: 0.3}, {}, 3)[0] == INCONCLUSIVE  # mean > 0, one seed against
+    assert verdict(better, {1: 0.4}, {}, 3)[0].startswith("incomplete")
+    lower_ppl = paper_claims.Claim("lm", "positional_attentive_lstm_lm", "attentive_lstm_lm", "test_ppl", 70.92, 76.56)
+    assert verdict(lower_ppl, {1: -2.0, 2: -0.5}, {}, 2)[0] == REPRODUCED
+    alike = paper_claims.Claim("tagging", "temp", "pe_add", "accuracy", 92.49, 92.40, kind=paper_claims.NO_EFFECT)
+    assert verdict(alike, {1: 0.1, 2: 0.2, 3: -0.1}, {1: 0.4, 2: 0.2, 3: 0.7}, 3)[0] == NO_EFFECT_REPRODUCED
+    assert verdict(alike, {1: 0.5, 2: 0.6, 3: 0.4}, {1: 0.01, 2: 0.001, 3: 0.02}, 3)[0] == NOT_REPRODUCED
+    assert verdict(alike, {1: 0.5, 2: 0.6, 3: 0.4}, {1: 0.01, 2: 0.3, 3: 0.02}, 3)[0] == INCONCLUSIVE
+
+
+def test_tagging_bootstrap_on_real_sentences(tmp_path):
+    """Gold EWT dev tags against predictions with every n-th word's tag wrong (counted from ``offset``)."""
+    gold = open(EWT_DEV, encoding="utf-8").read().splitlines()
+
+    def corrupt(every: int, offset: int = 0) -> str:
+        lines, word = [], 0
+        for line in gold:
+            cols = line.split("\t")
+            if len(cols) == 10 and cols[0].isdigit():
+                word += 1
+                if (word + offset) % every == 0:
+                    cols[3] = "X" if cols[3] != "X" else "NOUN"
+            lines.append("\t".join(cols))
+        path = tmp_path / f"every{every}-{offset}.conllu"
+        path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+        return str(path)
+
+    right, words = sentence_counts(EWT_DEV, EWT_DEV, "upos")
+    assert (right == words).all() and words.sum() > 800
+    worse, _ = sentence_counts(EWT_DEV, corrupt(5), "upos")
+    assert words.sum() - worse.sum() == sum(1 for line in gold if re.match(r"^\d+\t", line)) // 5
+    assert paired_accuracy_bootstrap(right, right, words) == 1.0
+    assert paired_accuracy_bootstrap(worse, right, words) < 0.01
+    # as many errors, on other words: the same accuracy, no significant difference
+    one, other = sentence_counts(EWT_DEV, corrupt(20), "upos")[0], sentence_counts(EWT_DEV, corrupt(20, 10), "upos")[0]
+    assert abs(int(one.sum()) - int(other.sum())) <= 1 and not np.array_equal(one, other)
+    assert paired_accuracy_bootstrap(one, other, words) > 0.3
+    with pytest.raises(ValueError, match="sentence by sentence"):
+        sentence_counts(EWT_DEV, os.path.join(REPO, "data", "ud_ewt_sample", "en_ewt-ud-train.sample.conllu"), "upos")
+
+
+# ---------------------------------------------------------------------------------------------- end to end
+def manifest(out: Path) -> dict:
+    with open(out / "manifest.json", encoding="utf-8") as f:
+        return json.load(f)["runs"]
+
+
+@pytest.fixture(scope="module")
+def tiny_runs(tmp_path_factory):
+    """2 transformer LMs x 2 seeds, 2 updates each, on the PTB sample, 2 at a time: SIGTERM once a run has
+    finished and another is running, then the same command again."""
+    out = tmp_path_factory.mktemp("evidence")
+    env = {**os.environ, "EVIDENCE_OUT": str(out), "TASKS": "lm", "LM_SYSTEMS": "tf_vanilla tf_da", "LM_SEEDS": "1 2",
+           "MAX_UPDATE": "2", "PTB_DIR": PTB_SAMPLE, "JOBS": "2", "THREADS": "1"}
+    command = [sys.executable, str(EVIDENCE / "evidence.py"), "run", "--no-results"]
+    first = subprocess.Popen(command, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 240
+    while time.time() < deadline and first.poll() is None:
+        runs = manifest(out) if (out / "manifest.json").exists() else {}
+        statuses = [r["status"] for r in runs.values()]
+        if "finished" in statuses and "running" in statuses:
+            break
+        time.sleep(0.5)
+    first.send_signal(signal.SIGTERM)
+    interrupted_output, _ = first.communicate(timeout=120)
+    after_stop = manifest(out)
+    for entry in after_stop.values():  # stopped while writing its summary table, after its final artifacts?
+        eval_log = Path(entry["out_dir"]) / "logs" / f"eval.{entry['system']}.test.log"
+        entry["complete_on_disk"] = eval_log.exists() and "Perplexity:" in eval_log.read_text(encoding="utf-8")
+        train_log = Path(entry["out_dir"]) / "logs" / f"train.{entry['system']}.log"
+        entry["training_cut"] = train_log.exists() and "done training" not in train_log.read_text(encoding="utf-8")
+    finished = {k: r for k, r in after_stop.items() if r["status"] == "finished"}
+    stamps = {k: os.stat(Path(r["out_dir"]) / "logs" / f"eval.{r['system']}.test.log").st_mtime_ns
+              for k, r in finished.items()}
+    second = subprocess.run(command, env=env, cwd=REPO, capture_output=True, text=True, timeout=300)
+    return {"out": out, "first": first, "first_output": interrupted_output, "after_stop": after_stop,
+            "stamps": stamps, "second": second}
+
+
+@pytest.mark.slow
+def test_an_interrupted_set_resumes_without_redoing_finished_runs(tiny_runs):
+    first, after_stop, second = tiny_runs["first"], tiny_runs["after_stop"], tiny_runs["second"]
+    assert first.returncode == 128 + signal.SIGTERM, tiny_runs["first_output"][-3000:]
+    assert "SIGTERM: stopping" in tiny_runs["first_output"]
+    statuses = sorted(r["status"] for r in after_stop.values())
+    assert "finished" in statuses and "interrupted" in statuses, statuses
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    assert "4 runs planned" in second.stdout and "runs: 4 finished" in second.stdout
+    final = manifest(tiny_runs["out"])
+    assert len(final) == 4 and all(r["status"] == "finished" for r in final.values())
+    for run_id, stamp in tiny_runs["stamps"].items():  # finished runs were not run again
+        assert f"start {run_id} " not in second.stdout
+        assert len(final[run_id]["attempts"]) == 1
+        log = Path(final[run_id]["out_dir"]) / "logs" / f"eval.{final[run_id]['system']}.test.log"
+        assert os.stat(log).st_mtime_ns == stamp
+    assert all(entry["complete_on_disk"] == (entry["status"] == "finished") for entry in after_stop.values())
+    for run_id, entry in after_stop.items():
+        if entry["status"] == "interrupted":  # resumed, as a second attempt
+            assert f"start {run_id} (attempt {len(entry['attempts']) + 1}" in second.stdout
+            assert [a["outcome"] for a in final[run_id]["attempts"]][-2:] == ["interrupted", "finished"]
+            if entry["training_cut"]:  # the log of the cut training is kept beside the new one
+                logs = Path(entry["out_dir"]) / "logs"
+                assert (logs / f"train.{entry['system']}.log.attempt1").exists()
+                assert "done training" in (logs / f"train.{entry['system']}.log").read_text(encoding="utf-8")
+    # the page from these runs: the measured rows filled in, the rest not run yet
+    page_path = tiny_runs["out"] / "page" / "results.md"
+    subprocess.run([sys.executable, str(EVIDENCE / "results.py"), "--evidence-out", str(tiny_runs["out"]),
+                    "--output", str(page_path)], cwd=REPO, check=True, capture_output=True)
+    page = page_path.read_text(encoding="utf-8")
+    ppl = {}
+    for entry in final.values():
+        with open(Path(entry["out_dir"]) / "logs" / f"eval.{entry['system']}.test.log", encoding="utf-8") as f:
+            ppl[(entry["system"], entry["seed"])] = float(re.findall(r"Perplexity: ([0-9.]+)", f.read())[-1])
+    vanilla = next(line for line in page.splitlines() if line.startswith("| Transformer LM | 2 of 2 |"))
+    assert f"s1: {ppl[('tf_vanilla', 1)]:.2f}, s2: {ppl[('tf_vanilla', 2)]:.2f}" in vanilla
+    da_row = next(line for line in page.splitlines() if line.startswith("| Transformer LM + DA vs Transformer LM |"))
+    deltas = [ppl[("tf_da", s)] - ppl[("tf_vanilla", s)] for s in (1, 2)]
+    assert f"s1: {deltas[0]:+.2f}, s2: {deltas[1]:+.2f}" in da_row and "**measured only**" in da_row
+    dagan = next(line for line in page.splitlines() if line.startswith("| positional attentive LSTM (Dagan) vs"))
+    assert "70.92 vs 76.56 (-5.64)" in dagan and "**not run yet**" in dagan
+    assert page.count("**not run yet**") > 40  # translation, tagging, classification: nothing ran
+    assert "(4 of 106 runs finished)" in page
+    for picture in ("lm_seeds.png", "lm_valid_ppl.png"):
+        assert (page_path.parent / "images" / "results" / picture).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert f"(images/results/{picture})" in page
+    assert "MODELS=tf_da" in page and "bash examples/language_model/run_ptb.sh" in page
