@@ -105,6 +105,18 @@ def test_every_planned_system_has_flags_in_its_recipe(tmp_path):
     assert set(plan.SYSTEMS["lm"]) <= models
 
 
+def test_a_second_runner_on_the_same_folder_is_refused(tmp_path):
+    import evidence
+
+    with evidence.exclusive(tmp_path):
+        second = subprocess.run([sys.executable, str(EVIDENCE / "evidence.py"), "run", "--no-results"],
+                                env={**os.environ, "EVIDENCE_OUT": str(tmp_path), "TASKS": "classification"},
+                                capture_output=True, text=True, timeout=60)
+    assert second.returncode != 0
+    assert f"another runner is working in {tmp_path} (process {os.getpid()})" in second.stderr
+    assert not (tmp_path / "manifest.json").exists()
+
+
 # ---------------------------------------------------------------------------------------------- statistics
 def test_verdicts_follow_the_stated_rule():
     better = paper_claims.Claim("translation", "6", "4", "bleu_test", 45.10, 44.31)

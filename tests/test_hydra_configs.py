@@ -82,7 +82,7 @@ def test_every_family_has_configs_and_every_config_is_documented():
     ("pos_tagging/ud_p_r", "position_embedding: none", "position_embedding: nope",
      "model.position_embedding: 'nope' is not one of ['add', 'concat', 'none']"),
     ("quickstart/baseline", "weight_decay:", "weight_decy:", "optimizer.weight_decy is not an option"),
-    ("quickstart/baseline", "max_update: 500", "max_update: lots", "optimization.max_update: Value 'lots'"),
+    ("quickstart/baseline", "max_update: 600", "max_update: lots", "optimization.max_update: Value 'lots'"),
     ("quickstart/baseline", "checkpoint:", "chekpoint:", "unknown section 'chekpoint' (did you mean checkpoint"),
 ])
 def test_check_names_the_wrong_key_or_value(tmp_path, name, old, new, message):
@@ -241,6 +241,7 @@ def test_translation_configs_train_what_their_recipe_trains(recipe, tmp_path):
         assert_same_training(trainings[save_dir], shipped(name), data)
 
 
+@pytest.mark.slow
 def test_config_dir_cli(tmp_path):
     """``python -m fairseq_posattn.configs``: the paths the documented commands use, and --check."""
     bad = tmp_path / "bad.yaml"
@@ -258,6 +259,9 @@ def test_config_dir_cli(tmp_path):
 
 # ------------------------------------------------------------- real fairseq-hydra-train runs --
 SINGLE_THREAD = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+#: fairseq's transformer sets it in the namespace it builds from (argparse: the saved options) when
+#: --share-all-embeddings is on; the weights comparison covers it
+DERIVED_BY_FAIRSEQ = "share_decoder_input_output_embed"
 
 
 def hydra_train(name: str, overrides: List[str], cwd: str) -> str:
@@ -303,7 +307,8 @@ def test_hydra_quickstart_trains_the_weights_of_the_quickstart_command_line(stru
                                        "optimization.max_update=2"], cwd=str(tmp_path))
     expected, actual = (load(os.path.join(d, "checkpoint_last.pt")) for d in (argparse_dir, hydra_dir))
     for key, value in actual["cfg"]["model"].items():
-        assert value == getattr(expected["cfg"]["model"], key), f"model.{key}"
+        if key != DERIVED_BY_FAIRSEQ:
+            assert value == getattr(expected["cfg"]["model"], key), f"model.{key}"
     assert actual["cfg"]["model"]["encoder_structural_positions"] == ("both" if name == "structural" else "none")
     assert actual["optimizer_history"][-1]["num_updates"] == expected["optimizer_history"][-1]["num_updates"] == 2
     assert list(actual["model"]) == list(expected["model"])
@@ -325,7 +330,7 @@ def ptb_bin(tmp_path_factory) -> str:
     # a model with a dataclass (the block comes from the task) and an argparse-registered one (the block
     # length N of the positional attention is the model's own, so it stays in the checkpoint)
     ("language_model/ptb_tf_da", {"decoder_distance_aware": True, "tokens_per_sample": 35,
-                                  "max_target_positions": 128}, ".position_terms."),
+                                  "max_target_positions": 128}, ".self_attn.scaling_term."),
     ("language_model/ptb_positional_attentive_lstm_lm", {"tokens_per_sample": 35, "max_target_positions": 128,
                                                          "decoder_hidden_size": 128}, ".position_generator."),
 ])
@@ -348,7 +353,7 @@ def test_hydra_trains_and_validates_the_tagger(tmp_path):
     log = hydra_train("pos_tagging/ud_p_r", [
         f"task.data={data}", f"checkpoint.save_dir={tmp_path / 'checkpoints'}", "optimization.max_update=4",
         "dataset.validate_interval_updates=2", "checkpoint.save_interval_updates=2",
-        "model.encoder_layers=1", "model.word_embed_dim=32"], cwd=str(tmp_path))
+        "+model.encoder_layers=1", "+model.word_embed_dim=32"], cwd=str(tmp_path))
     validations = [line for line in log.splitlines() if "valid on 'valid' subset" in line]
     assert len(validations) >= 2 and all("| accuracy " in line and "| oov_accuracy " in line for line in validations)
     model_cfg = load(str(tmp_path / "checkpoints" / "checkpoint_last.pt"))["cfg"]["model"]

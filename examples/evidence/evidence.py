@@ -156,9 +156,7 @@ class Runner:
 
     # ------------------------------------------------------------------------------------ signals
     def _on_signal(self, signum: int, frame: object) -> None:
-        if self.stop_signal is None:
-            log(f"{signal.Signals(signum).name}: stopping the {len(self.running)} running recipe(s)")
-        self.stop_signal = signum
+        self.stop_signal = signum  # only a flag: printing here could interrupt a print of the main loop
 
     # ------------------------------------------------------------------------------------ runs
     def start(self, run: Run) -> None:
@@ -244,6 +242,7 @@ class Runner:
                     if returncode is not None:
                         self.finish(run, returncode)
             if self.stop_signal is not None:
+                log(f"{signal.Signals(self.stop_signal).name}: stopping the {len(self.running)} running recipe(s)")
                 self.stop_all()
                 return 128 + self.stop_signal
         finally:

@@ -44,7 +44,7 @@ EVAL_MAX_TOKENS=${EVAL_MAX_TOKENS:-4096}
 # Sizes: tiny, for a CPU.  The papers' sizes (GPU):
 #   LSTMs (Dagan 2019): LSTM_DIM=400 LSTM_LAYERS=2 DROPOUT=0.5 (in/out; 0.2 between layers,
 #     the architectures' defaults when --dropout is not given), batch 20, 35-token sentences,
-#     SGD lr 20 with annealing or Adam, ~40+ epochs.
+#     SGD lr 30, x0.5 after 5 epochs without improvement, clip 0.25 (OPTIMIZER=paper), ~40+ epochs.
 #   Transformer: TF_DIM=512 TF_FFN=2048 TF_LAYERS=6 TF_HEADS=8 (or --arch transformer_lm_posattn_big).
 LSTM_DIM=${LSTM_DIM:-128}
 LSTM_LAYERS=${LSTM_LAYERS:-1}

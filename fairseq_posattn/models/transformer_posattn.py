@@ -4,6 +4,7 @@ Registered next to fairseq's ``transformer`` with the same size presets. With ev
 option at its default it computes exactly what fairseq's ``transformer`` computes.
 """
 
+import argparse
 import copy
 from typing import Any
 
@@ -15,6 +16,7 @@ from fairseq.models.transformer.transformer_legacy import (
     transformer_vaswani_wmt_en_de_big,
     transformer_wmt_en_de,
 )
+from omegaconf import OmegaConf
 
 from fairseq_posattn.models.hub_loading import PosattnHubMixin
 from fairseq_posattn.models.position_aware_transformer import (
@@ -60,6 +62,11 @@ class PositionAwareTransformerModel(PosattnHubMixin, TransformerModel):
 
     @classmethod
     def build_model(cls, args, task):
+        if OmegaConf.is_config(args):
+            # fairseq-hydra-train and its checkpoints hand the model section over as a DictConfig, of
+            # which fairseq's TransformerConfig.from_namespace keeps only its own fields: the position
+            # options would be dropped silently
+            args = argparse.Namespace(**OmegaConf.to_container(args, resolve=True))
         posattn_base_architecture(args)
         if args.encoder_structural_positions != "none" and not getattr(task, "provides_structure", False):
             raise PositionOptionError(
