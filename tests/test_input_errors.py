@@ -374,18 +374,22 @@ def _wait_for_parsing(process: subprocess.Popen, directory: Path, deadline_s: fl
 
 def test_parse_stopped_by_a_signal_leaves_nothing_and_a_killed_one_is_cleaned_by_the_rerun(tmp_path):
     text = head_lines(os.path.join(SAMPLE, "train.en"), tmp_path / "train.en", 1200)
+    # the interrupted runs get the sample three times over (9,000 lines, seconds of parsing on an idle
+    # machine), so that the signal always arrives while they are still writing
+    long_text = tmp_path / "long.en"
+    long_text.write_text(3 * Path(SAMPLE, "train.en").read_text(encoding="utf-8"), encoding="utf-8")
     out = tmp_path / "out"
     out.mkdir()
     output = out / "train.conllu"
     for sig, status, said in ((signal.SIGTERM, TERMINATED_EXIT_STATUS, ""),
                               (signal.SIGINT, INTERRUPTED_EXIT_STATUS, "posattn-parse: interrupted")):
-        process = _start_parse(text, output)
+        process = _start_parse(long_text, output)
         _wait_for_parsing(process, out)
         process.send_signal(sig)
         assert process.wait(timeout=60) == status
         assert said in process.stderr.read() and listing(out) == []  # no output, no temporary
 
-    process = _start_parse(text, output)
+    process = _start_parse(long_text, output)
     stale = _wait_for_parsing(process, out)
     process.kill()  # SIGKILL: no cleanup possible
     assert process.wait(timeout=60) == -signal.SIGKILL
