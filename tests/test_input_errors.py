@@ -356,9 +356,13 @@ def test_tag_warns_about_unknown_gold_tags_and_refuses_when_all_are(tmp_path, ta
 # ------------------------------------------------------------------- posattn-parse and signals --
 
 def _start_parse(text: Path, output: Path) -> subprocess.Popen:
+    """posattn-parse with SIGINT at its default: a test suite started in the background (``... &``,
+    as CI may run it) has SIGINT ignored, which children inherit, and Python then never raises
+    KeyboardInterrupt."""
     return subprocess.Popen(["posattn-parse", "--backend", "spacy", "--batch-size", "64", "--input", str(text),
                              "--output", str(output)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            text=True, env=ENV, cwd=REPO)
+                            text=True, env=ENV, cwd=REPO,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 def _wait_for_parsing(process: subprocess.Popen, directory: Path, deadline_s: float = 120) -> Path:
