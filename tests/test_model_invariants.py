@@ -8,7 +8,7 @@ import torch
 from fairseq.modules import MultiheadAttention
 
 from fairseq_posattn.modules.position_terms.base import SequenceTooLongError
-from model_helpers import SIDE_VARIANTS, build_model, randomized, side_flags
+from model_helpers import SIDE_VARIANTS, build_lm, build_model, randomized, side_flags
 
 def tokens(rows: List[List[int]], left_pad: bool, pad: int = 1) -> torch.Tensor:
     T = max(len(r) for r in rows)
@@ -114,3 +114,27 @@ def test_incremental_decoding_equals_full_forward(variant):
         out = model.decoder(prev[order, : step + 1], encoder_out=encoder_out, incremental_state=state)[0]
         expected = (full if step < 3 else swapped_full)[:, step]
         torch.testing.assert_close(torch.log_softmax(out[:, -1], dim=-1), expected, rtol=1e-5, atol=1e-5)
+
+
+#: variants whose per-step work comes from tables built once per sequence (position_context.SequenceTables)
+TABLE_VARIANTS = ["direct-absolute", "direct-relative", "distance-aware", "t5-bias", "alibi", "conv-1d",
+                  "combined"]
+
+
+@pytest.mark.parametrize("variant", TABLE_VARIANTS)
+@torch.no_grad()
+def test_incremental_decoding_past_a_table_bucket_equals_full_forward(variant):
+    """70 steps of a language model with 80 positions: the sequence tables are built for 64 tokens,
+    then rebuilt for 80 (the capacity) at step 65; every step equals the full forward."""
+    torch.manual_seed(0)
+    size = ["--tokens-per-sample", "80", "--max-target-positions", "80"]
+    model = randomized(build_lm("transformer_lm_posattn", side_flags("decoder", variant) + size))
+    prev = torch.randint(4, 20, (2, 70), generator=torch.Generator().manual_seed(1))
+    full = torch.log_softmax(model.decoder(prev)[0], dim=-1)
+    state: Dict = {}
+    for step in range(prev.size(1)):
+        out = model.decoder(prev[:, : step + 1], incremental_state=state)[0]
+        torch.testing.assert_close(torch.log_softmax(out[:, -1], dim=-1), full[:, step], rtol=1e-5, atol=1e-5)
+    tables = next(value for key, value in state.items() if key.endswith("position_tables"))
+    assert tables and all(80 in table.shape[-2:] for table in tables.values()), \
+        "the tables were not used, or not rebuilt for the longer sequence"

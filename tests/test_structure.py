@@ -13,14 +13,19 @@ import pytest
 from sacremoses import MosesTokenizer
 from subword_nmt.apply_bpe import BPE
 
+import torch
+from fairseq.data.indexed_dataset import MMapIndexedDatasetBuilder
+
 from fairseq_posattn.cli import parse as parse_cli
-from fairseq_posattn.data.text_pipeline import learn_bpe
-from fairseq_posattn.structure import parse_pipeline
+from fairseq_posattn.data.text_pipeline import learn_bpe, load_bpe
+from fairseq_posattn.structure import binarize, parse_pipeline
 from fairseq_posattn.structure import (TreeError, align_pieces, piece_structural_positions,
                                        structural_relative_positions, tree_depths)
-from fairseq_posattn.structure.alignment import batch_piece_structural_positions
+from fairseq_posattn.structure.alignment import OTHER_WHITESPACE, align_lines, batch_piece_structural_positions
+from fairseq_posattn.structure.binarize import forest_walk, write_side_data
 from fairseq_posattn.structure.conllu_io import read_conllu, write_conllu
 from fairseq_posattn.structure.parsers import ConlluReader, ParserUnavailableError, SpacyParser, StanzaParser
+from fairseq_posattn.structure.side_data import token_side_data, tree_walk
 
 REPO = Path(__file__).resolve().parent.parent
 EWT_DEV = REPO.parent / "shared" / "data" / "ud_english_ewt" / "en_ewt-ud-dev.conllu"
@@ -318,6 +323,126 @@ def test_alignment_errors_say_where(pieces, message):
     with pytest.raises(ValueError, match=r"^train\.bpe\.en:7: BPE pieces do not rebuild the parsed words") as e:
         align_pieces(pieces, ["The", "cat", "sat"], where="train.bpe.en:7")
     assert e.match(message)
+
+
+# ----------------------------------------------------------------------------- (d) many sentences at once
+def random_bpe_line(words: List[str], rng: np.random.Generator) -> str:
+    """The words cut at up to two random places each, every piece but a word's last ending with "@@"."""
+    pieces = []
+    for word in words:
+        cuts = sorted(rng.choice(np.arange(1, len(word)), size=min(len(word) - 1, rng.integers(0, 3)),
+                                 replace=False)) if len(word) > 1 else []
+        parts = [word[a:b] for a, b in zip([0, *cuts], [*cuts, len(word)])]
+        pieces += [p + "@@" for p in parts[:-1]] + [parts[-1]]
+    return " ".join(pieces)
+
+
+def test_align_lines_is_align_pieces_of_every_line(ewt_sentences):
+    _, sentences = ewt_sentences
+    rng = np.random.default_rng(1)
+    words = [w for w, _ in sentences] + [[], ["@@x", "a@@@"]]  # an empty sentence, separators in words
+    lines = [random_bpe_line(w, rng) for w in words]
+    lines[3] = "\t " + lines[3].replace(" ", " \u00a0\u3000 ") + " "  # whitespace that line.split() drops
+    piece_word, counts = align_lines(lines, words)
+    singles = [align_pieces(line, w) for line, w in zip(lines, words)]
+    words_before = np.cumsum([0] + [len(w) for w in words])
+    np.testing.assert_array_equal(piece_word, np.concatenate([i + b for i, b in zip(singles, words_before)]))
+    np.testing.assert_array_equal(counts, [len(i) for i in singles])
+    assert OTHER_WHITESPACE == tuple(c for c in map(chr, range(0x110000)) if c.isspace() and c not in " \n")
+
+
+@pytest.mark.parametrize("line, words", [
+    ("The ca@@ x sat", ["The", "cat", "sat"]),
+    ("The cat sa@@", ["The", "cat", "sa@@"]),  # a last piece that ends with the separator
+    ("The cat", ["The", "cat", "sat"]),
+    ("The cat sat down", ["The", "cat", "sat"]),
+    ("The cat sat", ["The", "cat sat"]),
+    ("The cat sat", ["The cat", "sat", ""]),  # as many words, the same text
+    ("The c\u00a0at", ["The", "c\u00a0at"]),
+    ("The cat\nsat", ["The", "cat\nsat"]),
+    ("The cat", ["The", 7]),
+])
+def test_align_lines_refuses_what_align_pieces_refuses(line, words):
+    with pytest.raises(ValueError, match="BPE pieces do not rebuild the parsed words"):
+        align_pieces(line, words)
+    assert align_lines(["Go !", line, "Go !"], [["Go", "!"], words, ["Go", "!"]]) is None
+
+
+def test_forest_walk_is_tree_walk_of_every_tree(ewt_sentences):
+    _, sentences = ewt_sentences
+    heads = [h for _, h in sentences] + [[], [0, 0, 2], [3, 0, 0, 3], [2, 4, 0, 3, 1]]  # forests, crossing
+    eos = [token_side_data(h, np.zeros(0, dtype=np.int64)) for h in heads]  # the EOS column alone
+    np.testing.assert_array_equal(forest_walk(heads), np.concatenate([tree_walk(h) for h in heads] + eos, axis=1))
+    for bad in ([2, 3, 1], [0, 3, 4, 2], [0, 2], [0, 5, 1], [0, -1], [0, 1.5], [0, "1"], [0, None]):
+        with pytest.raises(ValueError):
+            tree_walk(bad)
+        assert forest_walk([[0], bad]) is None
+
+
+@pytest.fixture(scope="module")
+def ewt_bpe(ewt_sentences, tmp_path_factory):
+    """The first 500 EWT sentences (and an empty one) as parses, and their BPE lines (500 merges)."""
+    path, _ = ewt_sentences
+    sentences = list(itertools.islice(read_conllu(str(path)), 500))
+    root = tmp_path_factory.mktemp("ewt_bpe")
+    (root / "words.txt").write_text("".join(" ".join(s.words) + "\n" for s in sentences), encoding="utf-8")
+    learn_bpe([str(root / "words.txt")], str(root / "codes"), 500)
+    bpe = load_bpe(str(root / "codes"))
+    parses = [(s.words, s.heads, s.line) for s in sentences]
+    lines = [bpe.segment(" ".join(s.words)) for s in sentences]
+    return parses[:250] + [([], [], 0)] + parses[250:], lines[:250] + [""] + lines[250:]
+
+
+def one_by_one_side_data(parses, lines, prefix: Path) -> None:
+    """The side data written item by item from :func:`token_side_data`, with fairseq's own builder."""
+    builder = MMapIndexedDatasetBuilder(f"{prefix}.bin", dtype=np.int32)
+    for (words, heads, _), line in zip(parses, lines):
+        builder.add_item(torch.from_numpy(token_side_data(heads, align_pieces(line, words)).ravel()))
+    builder.finalize(f"{prefix}.idx")
+
+
+@pytest.mark.parametrize("chunk", [binarize.CHUNK, 7])
+def test_write_side_data_in_chunks_gives_the_same_bytes(ewt_bpe, tmp_path, monkeypatch, chunk):
+    parses, lines = ewt_bpe
+    bpe = tmp_path / "text.bpe"
+    bpe.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    one_by_one_side_data(parses, lines, tmp_path / "expected")
+    monkeypatch.setattr(binarize, "CHUNK", chunk)
+    sizes = np.array([len(line.split()) + 1 for line in lines], dtype=np.int32)
+    assert write_side_data(parses, str(bpe), str(tmp_path / "side"), expected_sizes=sizes) == len(lines)
+    for suffix in (".bin", ".idx"):
+        assert (tmp_path / f"side{suffix}").read_bytes() == (tmp_path / f"expected{suffix}").read_bytes()
+
+
+def test_write_side_data_errors_come_in_line_order(ewt_bpe, tmp_path, monkeypatch):
+    """In chunks of 4: the first bad sentence is named, also when the inputs differ in length later on."""
+    monkeypatch.setattr(binarize, "CHUNK", 4)
+    parses, lines = ewt_bpe[0][:10], ewt_bpe[1][:10]
+    bpe = tmp_path / "text.bpe"
+
+    def error(lines, parses, **kwargs) -> str:
+        bpe.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+        with pytest.raises(ValueError) as e:
+            write_side_data(parses, str(bpe), str(tmp_path / "side"), **kwargs)
+        assert sorted(os.listdir(tmp_path)) == ["text.bpe"]  # nothing written
+        return str(e.value)
+
+    misaligned = lines[:5] + ["zzz " + lines[5]] + lines[6:]
+    assert error(misaligned, parses).startswith(f"{bpe}:6 / <parses>:{parses[5][2]}: ")
+    assert "BPE pieces do not rebuild the parsed words at word 1" in error(misaligned, parses)
+    assert f"{bpe}:6 / " in error(misaligned, parses[:9])  # before the missing parse of line 10
+    assert f"{bpe}:9 / " in error(lines[:8] + ["zzz " + lines[8], lines[9]], parses[:9])  # same chunk
+    assert error(lines, parses[:9]) == f"<parses> has 9 sentences but {bpe} has more lines: parse every " \
+        "line of the tokenized text the BPE was applied to"
+    assert error(lines[:9], parses) == f"<parses> has more sentences than the {bpe} has lines"
+    cycle = [(w, [0] + [2] * (len(h) - 1), n) if k == 6 else (w, h, n) for k, (w, h, n) in enumerate(parses)]
+    assert f"{bpe}:7 / " in error(lines, cycle) and "cycle: word 2 has head 2, itself" in error(lines, cycle)
+    sizes = np.array([len(line.split()) + 1 for line in lines], dtype=np.int32)
+    assert f"{bpe}:10 / " in error(lines, parses, expected_sizes=sizes[:9])
+    assert "more sentences than the binarized source (9)" in error(lines, parses, expected_sizes=sizes[:9])
+    sizes[4] += 1
+    assert f"{bpe}:5 / " in error(lines, parses, expected_sizes=sizes)
+    assert "but the binarized source sentence has" in error(lines, parses, expected_sizes=sizes)
 
 
 # ----------------------------------------------------------------------------- (e) real spaCy parse

@@ -17,7 +17,7 @@ from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 from torch import Tensor, nn
 
 from fairseq_posattn.models.position_options import PositionOptionError, SidePositionOptions
-from fairseq_posattn.modules.position_context import PositionContext
+from fairseq_posattn.modules.position_context import PositionContext, SequenceTables
 from fairseq_posattn.modules.position_terms.structural import embeds_tree_depth, relates_tree_positions
 from fairseq_posattn.modules.structural_embedding import StructuralPositionalEmbedding
 from fairseq_posattn.modules.transformer_layer import (
@@ -190,7 +190,8 @@ class PositionAwareTransformerDecoder(TransformerDecoderBase):
         if full_context_alignment:
             raise ValueError("--decoder-* position terms are causal; full-context alignment is not supported")
         self.position_options.check_length(prev_output_tokens.size(1))
-        ctx = PositionContext.from_tokens(prev_output_tokens, self.padding_idx, self.right_padded)
+        ctx = PositionContext.from_tokens(prev_output_tokens, self.padding_idx, self.right_padded,
+                                          tables=self.sequence_tables(incremental_state))
         source, source_padding = None, None
         if encoder_out is not None and len(encoder_out["encoder_out"]) > 0:
             source = encoder_out["encoder_out"][0]
@@ -218,6 +219,17 @@ class PositionAwareTransformerDecoder(TransformerDecoderBase):
         if self.project_out_dim is not None:
             x = self.project_out_dim(x)
         return x, {"attn": [attn], "inner_states": inner_states}
+
+    def sequence_tables(self, incremental_state: Optional[IncrementalState]) -> Optional[SequenceTables]:
+        """The position tables of the sequence being decoded (kept in ``incremental_state``, next to
+        the layers' cached keys and values), or None outside incremental decoding."""
+        if incremental_state is None:
+            return None
+        tables = self.get_incremental_state(incremental_state, "position_tables")
+        if tables is None:
+            tables = {}
+            self.set_incremental_state(incremental_state, "position_tables", tables)
+        return SequenceTables(self.max_positions(), tables)
 
     def embed_targets(self, tokens: Tensor, incremental_state: Optional[IncrementalState]) -> Tensor:
         """fairseq's decoder input, ``(length, batch, dim)``: scaled token embeddings plus positions

@@ -46,6 +46,7 @@ from fairseq_posattn.modules.position_terms.base import (
     PostSoftmaxTransform,
     QueryKeyTransform,
     at_least_fp32,
+    same_dtype,
 )
 from fairseq_posattn.modules.position_terms.temperature import LearnableTemperature
 
@@ -188,12 +189,11 @@ class PositionAwareMultiheadAttention(MultiheadAttention):
         self, q: Tensor, k: Tensor, v: Tensor, ctx: PositionContext, attn_mask: Optional[Tensor],
     ) -> Tensor:
         tgt_len, src_len = q.size(2), k.size(2)
-        mask = torch.zeros(ctx.padding_mask.shape, dtype=q.dtype, device=q.device)
-        mask = mask.masked_fill(ctx.padding_mask, float("-inf"))[:, None, None, :]
+        mask = ctx.key_padding_bias(q.dtype)  # shared by the layers: never changed in place
         for term in self.additive_terms:
-            mask = mask + term(ctx, tgt_len, src_len).to(q.dtype)
+            mask = mask + same_dtype(term.bias(ctx, tgt_len, src_len), q.dtype)
         if attn_mask is not None:
-            mask = mask + attn_mask.to(q.dtype)
+            mask = mask + same_dtype(attn_mask, q.dtype)
         dropout_p = self.dropout_module.p if self.training else 0.0
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=1.0)
 
@@ -210,19 +210,22 @@ class PositionAwareMultiheadAttention(MultiheadAttention):
         if self.scaling_term is not None:
             logits = self.scaling_term(logits, ctx)
         for term in self.additive_terms:
-            logits.add_(term(ctx, tgt_len, src_len).to(logits.dtype))
+            logits.add_(same_dtype(term.bias(ctx, tgt_len, src_len), logits.dtype))
         if attn_mask is not None:
-            logits.add_(attn_mask.to(logits.dtype))
-        logits.masked_fill_(ctx.padding_mask[:, None, None, :], float("-inf"))
-        probs = torch.softmax(logits, dim=-1, dtype=at_least_fp32(logits.dtype)).to(v.dtype)  # as fairseq
+            logits.add_(same_dtype(attn_mask, logits.dtype))
+        logits.masked_fill_(ctx.key_padding_4d(), float("-inf"))
+        probs = same_dtype(torch.softmax(logits, dim=-1, dtype=at_least_fp32(logits.dtype)), v.dtype)  # as fairseq
 
         rows: Optional[Tensor] = None
-        self.last_softmax = probs.detach() if self.keep_attention_maps else None
+        if self.keep_attention_maps or self.last_softmax is not None:
+            self.last_softmax = probs.detach() if self.keep_attention_maps else None
         if self.post_softmax_term is not None:
-            query_padding = ctx.query_padding_mask(tgt_len)
             # the softmax gave blocked keys zero weight already; padded query rows get zeros too
-            probs = probs.masked_fill(query_padding[:, None, :, None], 0.0)
-            blocked = blocked_entries(attn_mask, ctx.padding_mask, query_padding)
+            probs = probs.masked_fill(ctx.geometry(
+                ("query-padding-4d", tgt_len), lambda: ctx.query_padding_mask(tgt_len)[:, None, :, None]), 0.0)
+            blocked = ctx.geometry(  # a side hands every layer the same causal mask (or none)
+                ("blocked", tgt_len, src_len, attn_mask is None),
+                lambda: blocked_entries(attn_mask, ctx.padding_mask, ctx.query_padding_mask(tgt_len)))
             probs, rows = self.post_softmax_term(probs, blocked, ctx, history)
 
         dropped = self.dropout_module(probs)

@@ -10,13 +10,56 @@ host-device synchronisation, and shared by every layer and head.
 
 Positions are *token* positions: with fairseq's left-padded source, position 0 is the first real
 token, never a pad.
+
+Two memos keep derived tensors from being rebuilt where they cannot change:
+
+- :meth:`PositionContext.geometry`: parameter-free tensors of the batch (the float padding mask,
+  rotary angles, T5 buckets, ALiBi's bias), built by the first layer that asks and shared by the
+  others. Parameter-free only: activation checkpointing runs the first forward without a graph, so
+  a memoized tensor that depended on a parameter would lose its gradient in the recomputation.
+- :class:`SequenceTables` (:meth:`PositionContext.sequence_table`): in incremental decoding, the
+  decoder keeps one per sequence in fairseq's incremental state and hands it to the context of every
+  step. Terms whose per-step work depends on positions only (a bias row, DA's coefficients, the
+  convolution's filters) build it once for a length bucket (a power of two) and slice it at each
+  step, instead of rebuilding it per step and layer. Used only without gradients and on a side
+  whose token positions are the indices (right padding), where a table is a function of the length.
 """
 
-from dataclasses import dataclass
-from typing import Dict, Optional, Tuple
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
 from torch import Tensor
+
+#: the smallest length bucket of the sequence tables (steps of incremental decoding)
+SMALLEST_TABLE = 64
+
+
+class SequenceTables:
+    """Per-sequence tables of incremental decoding (see the module docstring).
+
+    ``capacity`` is the side's maximum number of positions: no table is built beyond it.
+    ``tables`` holds them by key; the decoder keeps that dictionary in fairseq's incremental state,
+    so it lives exactly as long as the sequence's cached keys and values.
+    """
+
+    def __init__(self, capacity: int, tables: Dict[str, Tensor]):
+        self.capacity = capacity
+        self.tables = tables
+
+    def bucket(self, length: int) -> int:
+        """The table length for ``length`` tokens: the next power of two (at least
+        :data:`SMALLEST_TABLE`), at most the capacity, never below ``length``."""
+        bucket = max(SMALLEST_TABLE, 1 << max(length - 1, 0).bit_length())
+        return max(length, min(bucket, self.capacity))
+
+    def get(self, key: str, length: int, build: Callable[[int], Tensor], length_dim: int = -1) -> Tensor:
+        """The table of ``key``, built by ``build(n)`` for a bucket ``n >= length`` once, and again
+        only when a longer sequence outgrows it (its dimension ``length_dim`` counts positions)."""
+        table = self.tables.get(key)
+        if table is None or table.size(length_dim) < length:
+            table = self.tables[key] = build(self.bucket(length))
+        return table
 
 
 @dataclass(frozen=True)
@@ -36,6 +79,9 @@ class PositionContext:
         depth: ``(batch, length)`` tree depth of each token's word (structural side data), or None.
         structural_relative: ``(batch, length, length)`` clipped relative structural positions
             (:func:`structural_relative`), or None without structural side data.
+        tables: the sequence's :class:`SequenceTables` in incremental decoding without gradients on
+            a right-padded side, else None.
+        memo: :meth:`geometry`'s tensors of this batch.
     """
 
     padding_mask: Tensor
@@ -44,6 +90,8 @@ class PositionContext:
     left_pads: Optional[Tensor] = None
     depth: Optional[Tensor] = None
     structural_relative: Optional[Tensor] = None
+    tables: Optional[SequenceTables] = None
+    memo: Dict[Tuple[Any, ...], Tensor] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def from_padding(
@@ -52,6 +100,7 @@ class PositionContext:
         right_padded: bool,
         structural: Optional[Dict[str, Tensor]] = None,
         structural_clip: Optional[int] = None,
+        tables: Optional[SequenceTables] = None,
     ) -> "PositionContext":
         """Build the context of a batch from its ``(batch, length)`` padding mask.
 
@@ -62,6 +111,8 @@ class PositionContext:
             structural: ``depth``, ``tin``, ``tout`` of every token, each ``(batch, length)`` long
                 (collated by ``--task translation_structural``).
             structural_clip: clip of the relative structural positions; None when no term needs them.
+            tables: the sequence tables of incremental decoding (kept only on a right-padded side
+                and without gradients, where they are valid).
         """
         length = padding_mask.size(1)
         index = torch.arange(length, device=padding_mask.device)
@@ -75,7 +126,10 @@ class PositionContext:
             if structural_clip is not None:
                 relative = structural_relative(
                     structural["depth"], structural["tin"], structural["tout"], structural_clip)
-        return cls(padding_mask, index[:, None] - index[None, :], positions, left_pads, depth, relative)
+        if not right_padded or torch.is_grad_enabled():
+            tables = None
+        return cls(padding_mask, index[:, None] - index[None, :], positions, left_pads, depth, relative,
+                   tables)
 
     @classmethod
     def from_tokens(
@@ -85,9 +139,48 @@ class PositionContext:
         right_padded: bool = False,
         structural: Optional[Dict[str, Tensor]] = None,
         structural_clip: Optional[int] = None,
+        tables: Optional[SequenceTables] = None,
     ) -> "PositionContext":
         """:meth:`from_padding` of ``tokens.eq(padding_idx)``."""
-        return cls.from_padding(tokens.eq(padding_idx), right_padded, structural, structural_clip)
+        return cls.from_padding(tokens.eq(padding_idx), right_padded, structural, structural_clip, tables)
+
+    @classmethod
+    def unpadded(cls, length: int, device: torch.device) -> "PositionContext":
+        """The context of one sequence of ``length`` tokens without padding."""
+        return cls.from_padding(torch.zeros(1, length, dtype=torch.bool, device=device), True)
+
+    def geometry(self, key: Tuple[Any, ...], compute: Callable[[], Tensor]) -> Tensor:
+        """``compute()``, a parameter-free tensor of this batch's geometry, computed once per batch
+        and shared by every layer (computed anew under ``torch.compile``, which shares it itself).
+
+        ``key`` names it with the sizes it depends on, as a tuple: under ``torch.compile`` a length
+        formatted into a string would specialise the graph to it, a tuple is never looked at."""
+        if torch.compiler.is_compiling():
+            return compute()
+        value = self.memo.get(key)
+        if value is None:
+            value = self.memo[key] = compute()
+        return value
+
+    def sequence_table(self, key: str, length: int, build: Callable[[int], Tensor],
+                       length_dim: int = -1) -> Optional[Tensor]:
+        """In incremental decoding, the sequence's table ``key`` for at least ``length`` tokens
+        (``build(n)`` makes it for ``n`` tokens, once per sequence; its dimension ``length_dim``
+        counts them); None otherwise, where the caller computes what the step needs itself."""
+        if self.tables is None:
+            return None
+        return self.tables.get(key, length, build, length_dim)
+
+    def key_padding_bias(self, dtype: torch.dtype) -> Tensor:
+        """``(batch, 1, 1, length)``: 0 at tokens, -inf at pads, in ``dtype`` (the fused kernel's mask)."""
+        def compute() -> Tensor:
+            mask = torch.zeros(self.padding_mask.shape, dtype=dtype, device=self.padding_mask.device)
+            return mask.masked_fill_(self.padding_mask, float("-inf"))[:, None, None, :]
+        return self.geometry(("key-padding-bias", dtype), compute)
+
+    def key_padding_4d(self) -> Tensor:
+        """``(batch, 1, 1, length)`` bool, True at pads (the explicit kernel's mask)."""
+        return self.geometry(("key-padding-4d",), lambda: self.padding_mask[:, None, None, :])
 
     @property
     def length(self) -> int:

@@ -5,6 +5,7 @@ but the last of a word ends with the separator (``"@@"``), and fairseq-preproces
 :func:`align_pieces` maps each piece to its word and checks that the pieces rebuild exactly the parsed
 words; :func:`piece_structural_positions` gives every piece its word's ``abs`` and every pair of
 pieces their words' ``rel``, with the EOS rule, so the side data has one entry per binarized token.
+:func:`align_lines` aligns many lines at once, with a few string and array operations per call.
 """
 
 from typing import Iterator, List, Optional, Sequence, Tuple, Union
@@ -39,6 +40,65 @@ def align_pieces(pieces: Union[str, Sequence[str]], words: Sequence[str], separa
         raise ValueError(_mismatch_message(list(pieces), continues, list(words), separator, where))
     ends = np.logical_not(continues)
     return np.cumsum(ends) - ends
+
+
+def align_lines(lines: Sequence[str], words: Sequence[Sequence[str]]) -> Optional[Tuple[np.ndarray, np.ndarray]]:
+    """:func:`align_pieces` of many BPE lines (``"@@"`` separator) and their parsed words at once.
+
+    Returns the word of every piece of all lines, numbering the words of all sentences in order
+    (int64: the indices of :func:`align_pieces` of line k plus the words before sentence k), and the
+    number of pieces of every line; None when some line's pieces do not rebuild its words (or its last
+    piece ends with the separator): :func:`align_pieces` of each line then finds the first and names it.
+
+    No string is made per piece or word: the lines are joined into one text (its pieces split by
+    single spaces, as ``line.split()`` splits them, each line's first respaced if not), the pieces
+    found in its UTF-8 bytes, and the text without the separators compared with the parsed words'.
+    """
+    text = "\n".join(lines)
+    if not _single_spaced(text, len(lines)):
+        text = "\n".join(" ".join(line.split()) for line in lines)
+    ends, line_of_piece = _piece_ends(text)
+    counts = np.bincount(line_of_piece, minlength=len(lines))
+    words_before = np.concatenate(((0,), np.cumsum(ends)))  # word ends before each piece, and in all
+    piece_starts = np.concatenate(((0,), np.cumsum(counts)))
+    if not ends[piece_starts[1:][counts > 0] - 1].all() or not np.array_equal(
+            np.diff(words_before[piece_starts]), np.fromiter(map(len, words), dtype=np.int64, count=len(words))):
+        return None
+    # With every line's last piece closing a word and the word counts equal, equal texts mean equal
+    # words: a word with whitespace in it would bring a space or a line break more than the pieces'.
+    try:
+        parsed = "\n".join(map(" ".join, words))
+    except TypeError:  # a word that is not a string
+        return None
+    if text.replace(BPE_SEPARATOR + " ", "") != parsed:
+        return None
+    return words_before[:-1], counts
+
+
+#: the characters that ``str.split()`` splits on besides the space and the line break (all below U+3001)
+OTHER_WHITESPACE = tuple(c for c in map(chr, range(0x3001)) if c.isspace() and c not in " \n")
+
+
+def _single_spaced(text: str, n_lines: int) -> bool:
+    """Whether the lines joined in ``text`` hold no whitespace but single spaces between pieces."""
+    return (text.count("\n") == n_lines - 1 and "  " not in text and " \n" not in text and "\n " not in text
+            and not text.startswith(" ") and not text.endswith(" ")
+            and not any(c in text for c in OTHER_WHITESPACE))
+
+
+def _piece_ends(text: str) -> Tuple[np.ndarray, np.ndarray]:
+    """For every piece of ``text`` (lines of single-spaced pieces): whether it ends a word (does not end
+    with the separator), and its line. Spaces, line breaks and the separator are ASCII bytes, which no
+    other character's UTF-8 bytes contain, so the pieces are the runs of bytes between them."""
+    data = np.frombuffer(text.encode("utf-8", "surrogatepass"), dtype=np.uint8)
+    breaks = data == ord("\n")
+    bounds = np.concatenate(((-1,), np.flatnonzero(breaks | (data == ord(" "))), (len(data),)))
+    lengths = np.diff(bounds) - 1
+    stops = bounds[1:][lengths > 0]  # the byte after each piece
+    continues = lengths[lengths > 0] >= len(BPE_SEPARATOR)
+    for back, char in enumerate(reversed(BPE_SEPARATOR.encode("ascii")), start=1):
+        continues &= data[np.maximum(stops - back, 0)] == char
+    return ~continues, np.searchsorted(np.flatnonzero(breaks), stops)
 
 
 def words_of_pieces(pieces: Sequence[str], separator: str = BPE_SEPARATOR) -> List[str]:

@@ -8,25 +8,35 @@ three inputs before anything is aligned, so a missing or extra line is reported 
 mismatch at the first shifted line); the pieces are then checked sentence by sentence against the
 binarized source. The output is written under temporary names and renamed only when complete
 (:mod:`fairseq_posattn.atomic_io`).
+
+The sentences are handled :data:`CHUNK` at a time, with array operations over all of them: the
+alignment (:func:`~fairseq_posattn.structure.alignment.align_lines`), the depth-first walk of every
+tree (:func:`forest_walk`) and the chunk's bytes, written at once. A chunk with anything wrong in it
+goes through :func:`~fairseq_posattn.structure.side_data.token_side_data` sentence by sentence instead,
+which names the first problem; errors come in the order of the lines either way.
 """
 
+import itertools
 import logging
-from typing import Iterable, Optional, Sequence, Tuple
+from typing import Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
-import torch
-from fairseq.data.indexed_dataset import MMapIndexedDatasetBuilder, data_file_path, index_file_path
+from fairseq.data.indexed_dataset import MMapIndexedDataset, data_file_path, index_file_path
 from tqdm import tqdm
 
 from fairseq_posattn.atomic_io import atomic_paths, count_lines, read_lines
-from fairseq_posattn.structure.alignment import align_pieces
+from fairseq_posattn.structure.alignment import align_lines, align_pieces
 from fairseq_posattn.structure.conllu_io import count_sentences
-from fairseq_posattn.structure.side_data import token_side_data
+from fairseq_posattn.structure.side_data import DEPTH, TIN, TOUT, token_side_data
 
 logger = logging.getLogger(__name__)
 
 #: (words, heads, CoNLL-U line number where the sentence starts)
 ParsedSentence = Tuple[Sequence[str], Sequence[int], int]
+#: (line k of the BPE text, the parse of sentence k)
+Pair = Tuple[str, ParsedSentence]
+#: sentences aligned, walked and written together
+CHUNK = 4096
 
 
 def check_sentence_counts(bpe_path: str, conllu_path: str, binarized: Optional[str] = None,
@@ -59,25 +69,173 @@ def write_side_data(
     Raises ValueError naming the file and line of the first mismatch.
     """
     count = 0
+    sizes: List[int] = []
     final_paths = (data_file_path(out_prefix), index_file_path(out_prefix))
     with atomic_paths(*final_paths) as (tmp_data, tmp_index):
-        builder = MMapIndexedDatasetBuilder(tmp_data, dtype=np.int32)
-        for count, (line, parse) in enumerate(_paired(read_lines(bpe_path), parses, bpe_path, conllu_path),
-                                              start=1):
-            words, heads, conllu_line = parse
-            where = f"{bpe_path}:{count} / {conllu_path}:{conllu_line}"
-            try:
-                side = token_side_data(heads, align_pieces(line, words, where=where))
-            except ValueError as error:
-                raise ValueError(f"{where}: {error}") from None
-            _check_size(side.shape[1], expected_sizes, count, where)
-            builder.add_item(torch.from_numpy(side.ravel()))
+        with open(tmp_data, "wb") as data:
+            pairs = _paired(read_lines(bpe_path), parses, bpe_path, conllu_path)
+            while True:
+                chunk, error = _next_chunk(pairs)
+                side, chunk_sizes = _chunk_side_data(chunk, count, bpe_path, conllu_path, expected_sizes)
+                data.write(side.tobytes())
+                sizes += chunk_sizes
+                count += len(chunk)
+                if error is not None:
+                    raise error
+                if len(chunk) < CHUNK:
+                    break
         if expected_sizes is not None and count != len(expected_sizes):
             raise ValueError(f"{bpe_path}: {count} sentences, but the binarized source has "
                              f"{len(expected_sizes)}: use the BPE file that fairseq-preprocess read")
-        builder.finalize(tmp_index)
+        with MMapIndexedDataset.Index.writer(tmp_index, np.int32) as index:
+            index.write(sizes)
     logger.info("wrote structural side data of %d sentences to %s.{bin,idx}", count, out_prefix)
     return count
+
+
+def _next_chunk(pairs: Iterator[Pair]) -> Tuple[List[Pair], Optional[Exception]]:
+    """Up to :data:`CHUNK` pairs, and the error that ended them early, if any: it is raised once the
+    pairs read before it are checked, so that an earlier line's error comes first."""
+    chunk: List[Pair] = []
+    try:
+        for pair in itertools.islice(pairs, CHUNK):
+            chunk.append(pair)
+    except Exception as error:  # noqa: BLE001 (re-raised by the caller)
+        return chunk, error
+    return chunk, None
+
+
+def _chunk_side_data(chunk: List[Pair], done: int, bpe_path: str, conllu_path: str,
+                     expected_sizes: Optional[np.ndarray]) -> Tuple[np.ndarray, List[int]]:
+    """The items of sentences ``done + 1``... (``chunk``) one after the other (int32) and their sizes."""
+    words = [parse[0] for _, parse in chunk]
+    heads = [parse[1] for _, parse in chunk]
+    aligned = None
+    if list(map(len, heads)) == list(map(len, words)):
+        aligned = align_lines([line for line, _ in chunk], words)
+    walk = forest_walk(heads) if aligned is not None else None
+    if walk is None or expected_sizes is not None and not np.array_equal(
+            aligned[1] + 1, expected_sizes[done:done + len(chunk)]):
+        return _one_by_one(chunk, done, bpe_path, conllu_path, expected_sizes)
+    piece_word, pieces = aligned
+    return _items(walk, piece_word, pieces), (3 * (pieces + 1)).tolist()
+
+
+def _one_by_one(chunk: List[Pair], done: int, bpe_path: str, conllu_path: str,
+                expected_sizes: Optional[np.ndarray]) -> Tuple[np.ndarray, List[int]]:
+    """:func:`_chunk_side_data` a sentence at a time; raises ValueError at the first bad one."""
+    items = []
+    for number, (line, (words, heads, conllu_line)) in enumerate(chunk, start=done + 1):
+        where = f"{bpe_path}:{number} / {conllu_path}:{conllu_line}"
+        try:
+            side = token_side_data(heads, align_pieces(line, words, where=where))
+        except ValueError as error:
+            raise ValueError(f"{where}: {error}") from None
+        _check_size(side.shape[1], expected_sizes, number, where)
+        items.append(side.ravel())
+    return np.concatenate(items or [np.empty(0, dtype=np.int32)]), [item.size for item in items]
+
+
+def forest_walk(heads: Sequence[Sequence[int]]) -> Optional[np.ndarray]:
+    """:func:`~fairseq_posattn.structure.side_data.tree_walk` of many trees at once: ``(3, words)``
+    int64 depth, entry and exit time of the words of all sentences, in order, then one column per
+    sentence for its EOS (``abs = 1 + max abs``, ``tin = tout = -1``). None when a head is not an
+    integer in 0..n or a tree has a cycle (``tree_walk`` then names the problem).
+
+    The walk enters and leaves every node, children in word order, one tick each. A word at place
+    ``order`` of the walk's preorder (its sentence's virtual root at 0) comes after the entries of the
+    ``order`` nodes before it and the exits of all of them but its ``depth + 1`` ancestors (the virtual
+    root included), so it enters at tick ``tin = 2 order - depth`` and leaves ``2 size - 1`` ticks later,
+    its subtree of ``size`` nodes entered and left. ``order`` is its parent's plus one plus the sizes of
+    its earlier siblings; depths come from pointer doubling (log2 n rounds), sizes and orders from one
+    pass each over the depth levels.
+    """
+    lengths = np.fromiter(map(len, heads), dtype=np.int64, count=len(heads))
+    flat = np.array(list(itertools.chain.from_iterable(heads)))
+    if flat.size and flat.dtype.kind not in "iu":
+        return None
+    flat = flat.astype(np.int64)
+    first_word = np.repeat(np.cumsum(lengths) - lengths, lengths)
+    if ((flat < 0) | (flat > np.repeat(lengths, lengths))).any():
+        return None
+    parent = np.where(flat > 0, first_word + flat - 1, -1)
+    depth = _depths(parent, int(lengths.max(initial=0)))
+    if depth is None:
+        return None
+    levels = _levels(depth)
+    size = _subtree_sizes(parent, levels)
+    order = _preorder(parent, np.repeat(np.arange(len(lengths)), lengths), size, levels)
+    tin = 2 * order - depth
+    eos_depth = np.zeros(len(lengths), dtype=np.int64)
+    words = lengths > 0
+    if words.any():
+        eos_depth[words] = np.maximum.reduceat(depth, (np.cumsum(lengths) - lengths)[words]) + 1
+    eos = np.stack((eos_depth, np.full_like(eos_depth, -1), np.full_like(eos_depth, -1)))
+    return np.concatenate((np.stack((depth, tin, tin + 2 * size - 1)), eos), axis=1)
+
+
+def _depths(parent: np.ndarray, longest: int) -> Optional[np.ndarray]:
+    """Edges from every node up to its root, by pointer doubling; None if some node is on a cycle."""
+    depth = (parent >= 0).astype(np.int64)  # edges up to jump
+    jump = parent.copy()
+    for _ in range(longest.bit_length() + 1):  # 2^rounds > longest > any depth
+        live = np.flatnonzero(jump >= 0)
+        if not len(live):
+            return depth
+        up = jump[live]
+        depth[live] += depth[up]
+        jump[live] = jump[up]
+    return None
+
+
+def _levels(depth: np.ndarray) -> List[np.ndarray]:
+    """The nodes of each depth, 0 first."""
+    deepest = int(depth.max(initial=-1))
+    by_depth = np.argsort(depth.astype(np.min_scalar_type(max(deepest, 0))), kind="stable")  # radix sort
+    bounds = np.searchsorted(depth[by_depth], np.arange(deepest + 2))
+    return [by_depth[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+def _subtree_sizes(parent: np.ndarray, levels: List[np.ndarray]) -> np.ndarray:
+    """Nodes in every node's subtree, itself included, adding each level to its parents, deepest first."""
+    size = np.ones(len(parent), dtype=np.int64)
+    for level in reversed(levels[1:]):
+        np.add.at(size, parent[level], size[level])
+    return size
+
+
+def _preorder(parent: np.ndarray, sentence: np.ndarray, size: np.ndarray, levels: List[np.ndarray]) -> np.ndarray:
+    """Place of every node in its sentence's preorder walk (children in word order, the sentence's
+    virtual root at 0), given each node's ``sentence``, subtree ``size`` and the depth ``levels``."""
+    siblings = np.where(parent >= 0, parent, len(parent) + sentence)  # a root's parent: its sentence
+    by_parent = np.argsort(siblings, kind="stable")  # siblings together, in word order
+    sizes = size[by_parent]
+    before = np.cumsum(sizes) - sizes
+    group = np.flatnonzero(np.diff(siblings[by_parent], prepend=-1))
+    earlier = np.empty_like(size)  # the sizes of its earlier siblings
+    earlier[by_parent] = before - np.repeat(before[group], np.diff(group, append=len(by_parent)))
+    order = earlier + 1
+    for level in levels[1:]:
+        order[level] += order[parent[level]]
+    return order
+
+
+def _items(walk: np.ndarray, piece_word: np.ndarray, pieces: np.ndarray) -> np.ndarray:
+    """The items of the sentences one after the other (int32): sentence k's ``(3, pieces + 1)`` rows
+    (depth, tin, tout) of its pieces' words and its EOS, row after row as ``side.ravel()`` lays them."""
+    tokens = pieces + 1
+    start = np.cumsum(tokens) - tokens
+    columns = np.empty(int(tokens.sum()), dtype=np.int64)
+    is_eos = np.zeros(len(columns), dtype=bool)
+    is_eos[start + pieces] = True
+    columns[~is_eos] = piece_word
+    columns[is_eos] = walk.shape[1] - len(pieces) + np.arange(len(pieces))
+    length = np.repeat(tokens, tokens)
+    first = np.arange(len(columns)) + 2 * np.repeat(start, tokens)
+    items = np.empty(3 * len(columns), dtype=np.int32)
+    for row in (DEPTH, TIN, TOUT):
+        items[first + row * length] = walk[row, columns]
+    return items
 
 
 def _paired(bpe_lines: Iterable[str], parses: Iterable[ParsedSentence], bpe_path: str, conllu_path: str):

@@ -21,8 +21,8 @@ per source token, as ``--task translation_structural`` collates it). Every sourc
 pieces gets the side data of a forest of real UD English-EWT trees (``--conllu``) of about
 m / 1.5 words, the pieces spread over the words as subwords; it is computed once per process with
 :func:`~fairseq_posattn.structure.side_data.token_side_data`, outside every timed region (the parse
-and the prepare step are not timed here: ``--skip-prepare`` aside, the report adds the prepare
-throughput of ``scripts/benchmark_structure.py``).
+and the prepare step are not timed here: ``--skip-prepare`` aside, the report adds
+``scripts/benchmark_structure.py``'s prepare timing against ``fairseq-preprocess`` on the same text).
 
 A train step is: forward, fairseq's label-smoothed cross entropy (epsilon 0.1, mean over target
 tokens), backward, ``torch.optim.Adam`` step. Every measurement runs in a fresh subprocess (this
@@ -52,7 +52,9 @@ hash). Per row group (batch shape):
    models are untrained, so every hypothesis is forced to ``--decode-length`` tokens plus EOS
    (``min_len = max_len_b = --decode-length``, ``max_len_a = 0``): every model runs the same number
    of decoder steps on the same number of hypotheses. Speed ratio: median over the rounds of
-   vanilla's time over the model's (above 1 is faster than vanilla).
+   vanilla's time over the model's (above 1 is faster than vanilla). Language models decode in their
+   sentences group only (they have no source: the prompt's length does not matter), incrementally
+   from the start of the sequence, as ``fairseq-generate --task language_modeling`` does.
 
 Modules: ``variants`` (the rows and their targets), ``batches`` (synthetic data), ``worker`` (one
 measurement in a subprocess), ``groups`` and ``runner`` (the row groups and the parent that runs

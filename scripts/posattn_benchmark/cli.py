@@ -63,7 +63,7 @@ def parse_cli(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         help="source sentences per beam-search batch, at most (default: %(default)s)")
     add("--decode-length", type=int, default=20,
         help="tokens of every hypothesis, EOS excluded (default: %(default)s)")
-    add("--decode-rounds", type=int, default=5, help="timed decoding rounds (default: %(default)s)")
+    add("--decode-rounds", type=int, default=15, help="timed decoding rounds (default: %(default)s)")
     add("--conllu", type=Path, default=EWT_DEV if EWT_DEV.exists() else EWT_SAMPLE,
         help="CoNLL-U trees of the structural side data and of the prepare timing (default: UD EWT "
         "dev from ../shared, else the shipped sample)")
@@ -78,11 +78,14 @@ def parse_cli(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     add("--threads", type=int,
         help="torch intra-op threads of the workers (default: torch's choice); 1 is steadier on a "
         "machine that other jobs share")
-    add("--malloc", choices=list(MALLOC_NOTES), default="both",
+    add("--malloc", choices=list(MALLOC_NOTES), default="reuse",
         help="glibc malloc of the timing workers: `reuse` keeps freed memory for the next allocation "
         "(as jemalloc, tcmalloc or CUDA's allocator), `default` maps and unmaps every large tensor "
         "(page faults at each allocation), `both` times both (the targets are checked on `reuse`; "
         "default: %(default)s)")
+    add("--full", action="store_true",
+        help="the long run (about an hour on 2 cores): --malloc both, i.e. every group timed again "
+        "with glibc's default malloc")
     add("--output", type=Path, help="also write the markdown report to this file")
     add("--readme", type=Path,
         help=f"also put the report into this markdown file, between the lines {README_START!r} and "
@@ -92,6 +95,8 @@ def parse_cli(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         "with torch.profiler in every group, and print each one's most expensive operators")
     add("--worker", metavar="SPEC_JSON", help=argparse.SUPPRESS)
     cli = parser.parse_args(argv)
+    if cli.full:
+        cli.malloc = "both"
     if (error := resolve_device(cli)) is not None:
         parser.error(error)
     if min(cli.steps, cli.decode_rounds, cli.decode_batch_size) < 1 or cli.warmup < 0 or (

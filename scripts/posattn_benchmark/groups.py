@@ -19,6 +19,9 @@ class Group:
     shape: BatchShape
     max_positions: int
     task: str = TRANSLATION
+    #: whether the decoding variants decode here (a language model's prompt length does not matter
+    #: to its decoding speed: only its sentences group decodes)
+    decodes: bool = True
     memory: Dict[str, List[Dict[str, Any]]] = field(default_factory=dict)
     #: step times of the primary malloc setting, and with glibc's default malloc (``--malloc both``)
     timing: Dict[str, List[float]] = field(default_factory=dict)
@@ -38,6 +41,10 @@ class Group:
         """The ``variants`` built for this group's task."""
         return [variant for variant in variants if variant.task == self.task]
 
+    def decoders(self, variants: Sequence[Variant]) -> List[Variant]:
+        """The decoding ``variants`` that decode in this group."""
+        return self.applicable(variants) if self.decodes else []
+
 
 def build_groups(cli: argparse.Namespace) -> List[Group]:
     """The Multi30k-like group (unless ``--skip-short``), and the ``--long`` and ``--lm`` groups
@@ -56,5 +63,5 @@ def build_groups(cli: argparse.Namespace) -> List[Group]:
                             task=LANGUAGE_MODELING))
         groups.append(Group(f"language model, blocks of {LONG_LENGTH}",
                             BatchShape(LONG_LENGTH, LONG_LENGTH, cli.lm_batch_size * LONG_LENGTH),
-                            LONG_LENGTH, task=LANGUAGE_MODELING))
+                            LONG_LENGTH, task=LANGUAGE_MODELING, decodes=False))
     return groups

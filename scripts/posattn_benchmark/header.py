@@ -98,7 +98,9 @@ def header_lines(groups: Sequence[Group], cli: argparse.Namespace, load: Tuple[f
     if cli.decode_variants:
         lines.append(
             f"- Decoding: fairseq's SequenceGenerator as fairseq-generate builds it (beam {BEAM_SIZE}, "
-            "length penalty 1, normalized scores), eval mode, the source's `net_input` to the encoder; "
+            "length penalty 1, normalized scores), eval mode, the source's `net_input` to the encoder "
+            "(a language model, which has none, decodes incrementally from the start, as fairseq-generate "
+            "--task language_modeling does without a prefix); "
             f"untrained models, so every hypothesis is forced to {cli.decode_length} tokens + EOS "
             f"(min_len = max_len_b = {cli.decode_length}, max_len_a = 0) and every model decodes the "
             f"same number of steps; one process, round-robin as above, warm-up rounds: {cli.warmup}, "
@@ -106,7 +108,8 @@ def header_lines(groups: Sequence[Group], cli: argparse.Namespace, load: Tuple[f
             "summed time; speed ratio: median over the rounds of vanilla's time over the model's (above "
             "1 is faster).")
     lines.append("- Targets: the performance issue's ratio bounds for each kind of term (time / memory; "
-                 "speed for beam search), checked on the ratios as printed.")
+                 "speed for beam search: >= 0.90 for every model with decoder terms, >= 0.95 for the "
+                 "structural ones), checked on the ratios as printed.")
     for group in groups:
         shapes = next((runs[0]["batch_shapes"] for runs in group.memory.values()), [])
         seen = ", ".join(sorted({f"{b} x {t}" for b, t in shapes})) or "none"

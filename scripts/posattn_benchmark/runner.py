@@ -45,8 +45,9 @@ def measure(spec: WorkerSpec, env: Dict[str, str]) -> Dict[str, Any]:
 
 
 def measure_prepare(conllu: Path) -> Dict[str, Any]:
-    """The structural prepare throughput of ``scripts/benchmark_structure.py`` (one thread, parse
-    excluded) on ``conllu``; raise ``RuntimeError`` carrying its stderr if it fails."""
+    """The structural prepare timing of ``scripts/benchmark_structure.py`` (one thread, parse excluded)
+    on ``conllu``: the rates of its steps and its speed ratio to fairseq-preprocess binarizing the same
+    BPE text (``fairseq_preprocess``); raise ``RuntimeError`` carrying its stderr if it fails."""
     command = [sys.executable, str(STRUCTURE_BENCHMARK), "--conllu", str(conllu), "--skip-parse", "--json"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     completed = subprocess.run(command, capture_output=True, text=True, cwd=REPO_ROOT, env=env)
@@ -69,7 +70,7 @@ class Runner:
         self.also_default_malloc = cli.malloc == "both"
         # memory runs (vanilla twice), timing (once or twice), decoding
         self.total = sum(len(group.applicable(self.variants)) + 3 + self.also_default_malloc
-                         + bool(group.applicable(self.decode_variants)) for group in groups)
+                         + bool(group.decoders(self.decode_variants)) for group in groups)
 
     def spec(self, group: Group, mode: str, variants: Sequence[Variant]) -> WorkerSpec:
         cli = self.cli
@@ -122,7 +123,7 @@ class Runner:
                     group.timing_default_malloc = result["step_ms"]
         if len(group.digests) > 1:
             raise RuntimeError(f"{group.title}: the workers saw different batches ({sorted(group.digests)})")
-        decode_variants = group.applicable(self.decode_variants)
+        decode_variants = group.decoders(self.decode_variants)
         if decode_variants:
             decoders = [reference, *decode_variants]
             result = self.run(group, "decoding", decoders,

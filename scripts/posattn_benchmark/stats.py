@@ -1,7 +1,7 @@
 """The ratios to vanilla that the report prints and the targets are checked on."""
 
 import statistics
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from posattn_benchmark.groups import Group
 from posattn_benchmark.variants import TARGETS, Target
@@ -57,3 +57,17 @@ def target_checks(group: Group, name: str, kinds: Sequence[str]) -> List[Tuple[s
             met = round(ratio, 2) <= bound if sign == "<=" else round(ratio, 2) >= bound
             checks.append((kind, ratio, bound, met))
     return checks
+
+
+#: the structural prepare (align + side data + binarize) must be at least this many times as fast as
+#: fairseq-preprocess binarizing the same BPE text, both timed in one process (a ratio, so that it
+#: holds on any machine)
+PREPARE_TARGET = 2.0
+
+
+def prepare_check(prepare: Dict[str, Any]) -> Tuple[float, bool]:
+    """The structural prepare's speed ratio to fairseq-preprocess (``scripts/benchmark_structure.py``:
+    median over paired rounds of fairseq's CPU time over the structural one's) and whether it meets
+    :data:`PREPARE_TARGET`, compared as printed (two decimals)."""
+    ratio = prepare["fairseq_preprocess"]["cpu"]["ratio"]
+    return ratio, round(ratio, 2) >= PREPARE_TARGET

@@ -49,6 +49,11 @@ class LinearDistanceBias(AdditiveLogitBias):
         self.register_buffer("slopes", alibi_slopes(num_heads), persistent=False)
 
     def forward(self, ctx: PositionContext, tgt_len: int, src_len: int) -> Tensor:
+        """``(1, heads, tgt_len, src_len)``, computed once per batch for every layer (no parameters)."""
+        key = ("alibi", self.slopes.numel(), self.causal, tgt_len, src_len, self.slopes.dtype)
+        return ctx.geometry(key, lambda: self.linear_bias(ctx, tgt_len, src_len))
+
+    def linear_bias(self, ctx: PositionContext, tgt_len: int, src_len: int) -> Tensor:
         distance = ctx.relative_distances(tgt_len, src_len)
         distance = distance.clamp(min=0) if self.causal else distance.abs()  # keys after i: masked
         return -(self.slopes[:, None, None] * distance.to(self.slopes.dtype)).unsqueeze(0)

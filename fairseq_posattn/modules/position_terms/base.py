@@ -29,6 +29,11 @@ def at_least_fp32(dtype: torch.dtype) -> torch.dtype:
     return torch.promote_types(dtype, torch.float32)
 
 
+def same_dtype(tensor: Tensor, dtype: torch.dtype) -> Tensor:
+    """``tensor`` in ``dtype``, without a call when it is already (a decoding step counts calls)."""
+    return tensor if tensor.dtype == dtype else tensor.to(dtype)
+
+
 class SequenceTooLongError(ValueError):
     """A sequence is longer than the positions a term was built for."""
 
@@ -44,6 +49,11 @@ def check_length(length: int, max_positions: int, term: str) -> None:
 
 class PositionTerm(nn.Module):
     """What every term offers ``posattn-inspect``: its learned quantities as named arrays."""
+
+    def table_key(self, name: str = "") -> str:
+        """This term's key in the sequence tables of incremental decoding (one entry per module, so
+        a term shared by several layers, as T5's table is, is built once)."""
+        return f"{type(self).__name__}@{id(self):x}{name}"
 
     def inspect(self, positions: int) -> List[Quantity]:
         """The term's learned quantities over the first ``positions`` positions ([] if none)."""
@@ -64,9 +74,23 @@ class QueryKeyTransform(PositionTerm):
 class AdditiveLogitBias(PositionTerm):
     """Kind 1: ``logits + bias``, after the 1/sqrt(d_h) scaling and before masks and softmax."""
 
+    #: the bias is a function of the query and key positions alone (not of the batch's tokens or
+    #: parse): in incremental decoding :meth:`bias` slices each step's rows from one table per sequence
+    positions_only: bool = True
+
     def forward(self, ctx: PositionContext, tgt_len: int, src_len: int) -> Tensor:
         """Return a bias broadcastable to ``(batch, heads, tgt_len, src_len)``."""
         raise NotImplementedError
+
+    def bias(self, ctx: PositionContext, tgt_len: int, src_len: int) -> Tensor:
+        """What the kernel adds: :meth:`forward`, or in incremental decoding the last ``tgt_len`` of
+        ``src_len`` rows of the sequence's table (built by :meth:`forward` for a length bucket)."""
+        if not self.positions_only or ctx.tables is None:
+            return self(ctx, tgt_len, src_len)
+        device = ctx.padding_mask.device
+        table = ctx.sequence_table(
+            self.table_key(), src_len, lambda n: self(PositionContext.unpadded(n, device), n, n))
+        return table[..., src_len - tgt_len : src_len, :src_len]
 
 
 class LogitScaling(PositionTerm):

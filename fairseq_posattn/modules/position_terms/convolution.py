@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fairseq_posattn.modules.position_context import PositionContext
-from fairseq_posattn.modules.position_terms.base import PostSoftmaxTransform, check_length
+from fairseq_posattn.modules.position_terms.base import PostSoftmaxTransform, check_length, same_dtype
 from fairseq_posattn.modules.position_terms.registry import (
     BARS,
     CURVE,
@@ -194,13 +194,12 @@ class ConvolvedAttention1d(PostSoftmaxTransform):
         shifted = matrix.gather(-1, index)
         return shifted * valid[:, None, None, :].to(matrix.dtype)
 
-    def _filters(self, width: int, dtype: torch.dtype) -> Tuple[Tensor, Tensor]:
-        """Weights ``(heads, k, width, width)`` as ``[h, a, input column, output column]`` and biases
-        ``(heads, width)`` of the first ``width`` channels."""
+    def _weights(self, width: int, dtype: torch.dtype) -> Tensor:
+        """Weights ``(heads, k, width, width)`` as ``[h, a, input column, output column]`` of the
+        first ``width`` channels."""
         t, k = self.max_positions, self.kernel_size
         weight = self.conv.weight.view(self.num_heads, t, t, k)[:, :width, :width]
-        bias = self.conv.bias.view(self.num_heads, t)[:, :width]
-        return weight.permute(0, 3, 2, 1).contiguous().to(dtype), bias.to(dtype)
+        return weight.permute(0, 3, 2, 1).contiguous().to(dtype)
 
     def forward(
         self, probs: Tensor, blocked: Optional[Tensor], ctx: PositionContext, history: Optional[Tensor]
@@ -210,7 +209,13 @@ class ConvolvedAttention1d(PostSoftmaxTransform):
         left_pads = ctx.left_pads
         if left_pads is not None:
             probs = self._shift_columns(probs, left_pads, src_len)
-        weight, bias = self._filters(src_len, probs.dtype)
+        weight = ctx.sequence_table(self.table_key(f":{probs.dtype}"), src_len,
+                                    lambda n: self._weights(n, probs.dtype))
+        if weight is None:
+            weight = self._weights(src_len, probs.dtype)
+        else:  # incremental decoding: the sequence's filters, their first src_len columns
+            weight = weight[:, :, :src_len, :src_len]
+        bias = same_dtype(self.conv.bias.view(self.num_heads, self.max_positions)[:, :src_len], probs.dtype)
         k, cache = self.kernel_size, None
         if not self.causal:
             out = KeyChannelConvolution.apply(probs, weight, k // 2, k // 2, [(0, tgt_len, src_len)])

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fairseq_posattn.modules.position_context import PositionContext
-from fairseq_posattn.modules.position_terms.base import LogitScaling, at_least_fp32
+from fairseq_posattn.modules.position_terms.base import LogitScaling, at_least_fp32, same_dtype
 from fairseq_posattn.modules.position_terms.registry import (
     BARS,
     MATRIX,
@@ -43,14 +43,22 @@ class DistanceAwareScaling(LogitScaling):
         return torch.exp(F.softplus(v) - F.softplus(v - w * distance))
 
     def forward(self, logits: Tensor, ctx: PositionContext) -> Tensor:
-        """The rescaled logits in fp32 (the kernel's softmax runs in fp32 anyway)."""
+        """The rescaled logits in fp32 (the kernel's softmax runs in fp32 anyway). In incremental
+        decoding ``Rhat`` comes from a table built once per sequence."""
         tgt_len, src_len = logits.shape[-2:]
-        return torch.relu(logits.to(at_least_fp32(logits.dtype))) * self.coefficients(ctx, tgt_len, src_len)
+        device = logits.device
+        table = ctx.sequence_table(
+            self.table_key(), src_len,
+            lambda n: self.coefficients(PositionContext.unpadded(n, device), n, n))
+        if table is None:
+            coefficients = self.coefficients(ctx, tgt_len, src_len)
+        else:
+            coefficients = table[:, src_len - tgt_len : src_len, :src_len]
+        return torch.relu(same_dtype(logits, at_least_fp32(logits.dtype))) * coefficients
 
     def inspect(self, positions: int) -> List[Quantity]:
         """w and v per head, and ``Rhat`` (eq. 6) of the first ``positions`` positions."""
-        unpadded = PositionContext.from_padding(
-            torch.zeros(1, positions, dtype=torch.bool, device=self.w.device), True)
+        unpadded = PositionContext.unpadded(positions, self.w.device)
         coefficients = self.coefficients(unpadded, positions, positions).detach().cpu()
         return [Quantity("w", self.w.detach().cpu(), BARS, "learned w"),
                 Quantity("v", self.v.detach().cpu(), BARS, "learned v"),

@@ -39,10 +39,14 @@ class RelativePositionEmbeddings(KeyValueAugmentation):
         return (-ctx.relative_distances(tgt_len, src_len)).clamp(-self.clip, self.clip) + self.clip
 
     def _expanded_buckets(self, ctx: PositionContext, batch: int, heads: int, tgt_len: int, src_len: int) -> Tensor:
-        buckets = self.buckets(ctx, tgt_len, src_len)
-        if buckets.dim() == 3:
-            buckets = buckets.unsqueeze(1)
-        return buckets.expand(batch, heads, tgt_len, src_len)
+        """:meth:`buckets` as ``(batch, heads, tgt_len, src_len)``, once per batch for every layer."""
+        def compute() -> Tensor:
+            buckets = self.buckets(ctx, tgt_len, src_len)
+            if buckets.dim() == 3:
+                buckets = buckets.unsqueeze(1)
+            return buckets.expand(batch, heads, tgt_len, src_len)
+
+        return ctx.geometry((type(self).__name__, self.clip, batch, heads, tgt_len, src_len), compute)
 
     def key_logits(self, q: Tensor, ctx: PositionContext, tgt_len: int, src_len: int) -> Tensor:
         per_bucket = torch.matmul(q, self.key_table.to(q.dtype).t())  # B x H x Tq x buckets

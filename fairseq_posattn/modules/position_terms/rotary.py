@@ -15,7 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from fairseq_posattn.modules.position_context import PositionContext
-from fairseq_posattn.modules.position_terms.base import QueryKeyTransform, at_least_fp32
+from fairseq_posattn.modules.position_terms.base import QueryKeyTransform, at_least_fp32, same_dtype
 from fairseq_posattn.modules.position_terms.registry import (
     CURVE,
     LayerSpec,
@@ -35,14 +35,19 @@ def rotary_frequencies(head_dim: int, dtype: torch.dtype, device: Optional[torch
     return ROTARY_BASE ** (-pairs / head_dim)
 
 
-def rotate_pairs(x: Tensor, angles: Tensor) -> Tensor:
-    """Turn each pair ``(x[..., 2k], x[..., 2k + 1])`` by ``angles[..., k]`` (broadcast over x)."""
-    dtype = at_least_fp32(x.dtype)
-    pairs = x.to(dtype).unflatten(-1, (-1, 2))
-    first, second = pairs[..., 0], pairs[..., 1]
-    cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)
-    turned = torch.stack([first * cos - second * sin, first * sin + second * cos], dim=-1)
-    return turned.flatten(-2).to(x.dtype)
+def rotation_tables(angles: Tensor) -> Tuple[Tensor, Tensor]:
+    """``cos`` and signed ``sin`` of ``angles[..., k]`` per dimension: ``(cos_k, cos_k)`` and
+    ``(-sin_k, sin_k)`` at dimensions ``(2k, 2k + 1)``, for :func:`rotate_pairs`."""
+    sin = angles.sin()
+    return angles.cos().repeat_interleave(2, dim=-1), torch.stack([-sin, sin], dim=-1).flatten(-2)
+
+
+def rotate_pairs(x: Tensor, cos: Tensor, signed_sin: Tensor) -> Tensor:
+    """Turn each pair ``(x[..., 2k], x[..., 2k + 1])`` by the angle of :func:`rotation_tables`:
+    ``(a, b) -> (a cos - b sin, b cos + a sin)`` (eq. 34), as ``x cos + swap(x) signed_sin``."""
+    turned = same_dtype(x, cos.dtype)
+    swapped = turned.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)
+    return same_dtype(turned * cos + swapped * signed_sin, x.dtype)
 
 
 class RotaryEmbedding(QueryKeyTransform):
@@ -53,13 +58,26 @@ class RotaryEmbedding(QueryKeyTransform):
         self.head_dim = head_dim
 
     def forward(self, q: Tensor, k: Tensor, ctx: PositionContext) -> Tuple[Tensor, Tensor]:
-        tgt_len = q.size(2)
+        tgt_len, dtype, length = q.size(2), at_least_fp32(q.dtype), ctx.length
+        table = ctx.sequence_table(  # incremental decoding: the sequence's angles, sliced per step
+            f"rotary:{self.head_dim}:{dtype}", length,
+            lambda n: self.tables(PositionContext.unpadded(n, q.device), n, dtype, q.device), length_dim=-2)
+        if table is None:
+            table = ctx.geometry(("rotary", self.head_dim, tgt_len, dtype),
+                                 lambda: self.tables(ctx, tgt_len, dtype, q.device))
+        else:
+            table = table[..., length - tgt_len : length, :]
+        cos, signed_sin = table
+        return rotate_pairs(q, cos, signed_sin), rotate_pairs(k, cos, signed_sin)
+
+    def tables(self, ctx: PositionContext, tgt_len: int, dtype: torch.dtype,
+               device: torch.device) -> Tensor:
+        """:func:`rotation_tables` of the current tokens' positions, ``(2, batch or 1, 1, tgt_len,
+        head_dim)``, in fp32 (fp64 for a double model; a buffer would be cast to fp16 by --fp16);
+        computed once per batch for every layer."""
         positions, _ = ctx.query_key_positions(tgt_len, ctx.length)  # the current tokens'
-        # computed per call in fp32 (fp64 for a double model): a buffer would be cast to fp16 by --fp16
-        dtype = at_least_fp32(q.dtype)
-        frequencies = rotary_frequencies(self.head_dim, dtype, q.device)
-        angles = positions.to(dtype)[:, None, :, None] * frequencies  # B|1 x 1 x T x d/2
-        return rotate_pairs(q, angles), rotate_pairs(k, angles)
+        angles = positions.to(dtype)[:, None, :, None] * rotary_frequencies(self.head_dim, dtype, device)
+        return torch.stack(rotation_tables(angles))
 
     def inspect(self, positions: int) -> List[Quantity]:
         """Nothing is learned; shown is what the rotation alone does to a logit: ``q_i . k_j`` of a

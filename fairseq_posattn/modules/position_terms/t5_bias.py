@@ -60,8 +60,10 @@ class T5RelativeBias(AdditiveLogitBias):
         self.table = nn.Parameter(torch.zeros(num_buckets, num_heads))
 
     def forward(self, ctx: PositionContext, tgt_len: int, src_len: int) -> Tensor:
-        buckets = relative_buckets(ctx.relative_distances(tgt_len, src_len), self.num_buckets,
-                                   self.max_distance, self.bidirectional)
+        buckets = ctx.geometry(
+            ("t5-buckets", self.num_buckets, self.max_distance, self.bidirectional, tgt_len, src_len),
+            lambda: relative_buckets(ctx.relative_distances(tgt_len, src_len), self.num_buckets,
+                                     self.max_distance, self.bidirectional))
         return self.table[buckets].permute(2, 0, 1).unsqueeze(0)  # 1 x H x Tq x Tk
 
     def inspect(self, positions: int) -> List[Quantity]:
