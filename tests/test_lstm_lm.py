@@ -16,6 +16,7 @@ from torch import Tensor
 
 from fairseq_posattn.models.attentive_lstm_lm import (
     GAUSSIAN_EPS,
+    SUBNORMAL_GUARD,
     AttentiveLSTMDecoder,
     PositionalAttention,
     SaltonAttention,
@@ -326,6 +327,119 @@ def test_no_nan_at_the_first_step(arch):
         torch.log_softmax(out, -1).sum().backward()
         for name, p in model.named_parameters():
             assert p.grad is None or torch.isfinite(p.grad).all(), name
+
+
+# ---------------------------------------------------------------------------- subnormal gradients
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("training", [True, False])
+def test_near_subnormal_logit_gradients_reach_the_output_layer_as_zero(arch, training):
+    """On the CPU the gradient of the logits reaches the output layer with its entries below 2^-100
+    (subnormal, or subnormal once multiplied by a weight: ~60x slower matrix products) set to 0 and
+    every other entry unchanged, bit for bit; the parameters' gradients are those of that gradient."""
+    model = build_lstm_lm(arch).train(training)
+    features, _ = model.decoder.extract_features(TOKENS)
+    features = features.detach().requires_grad_()
+    logits = model.decoder.output_layer(features)
+    arriving = []
+    logits.register_hook(arriving.append)  # runs after the model's own hook, sees what it passes on
+    generator = torch.Generator().manual_seed(0)
+    upstream = torch.randn(logits.shape, generator=generator)
+    small = torch.rand(logits.shape, generator=generator) < 0.3
+    tiny = torch.tensor([1e-39, -3e-38, 2e-35, -5e-32, 7e-31])  # subnormal, then normal below 2^-100
+    upstream[small] = tiny[torch.randint(len(tiny), (int(small.sum()),), generator=generator)]
+    upstream[0, 0, :len(tiny)] = tiny
+    upstream[0, 0, len(tiny)] = 2.0 ** -99  # above the guard: kept
+    model.zero_grad()
+    logits.backward(upstream)
+    expected = upstream.masked_fill(upstream.abs() < SUBNORMAL_GUARD, 0.0)
+    assert torch.equal(arriving[0], expected)
+    assert arriving[0][0, 0, len(tiny)] == 2.0 ** -99 and not arriving[0][0, 0, :len(tiny)].any()
+    grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+    assert grads.keys() == {"decoder.embed_tokens.weight", "decoder.output_bias"}
+    model.zero_grad()
+    plain = features.detach().requires_grad_()
+    model.decoder.output_layer(plain).backward(expected)
+    assert torch.equal(features.grad, plain.grad)
+    for name, p in model.named_parameters():
+        assert p.grad is None if name not in grads else torch.equal(p.grad, grads[name]), name
+
+
+def test_no_gradient_hook_without_gradients():
+    model = build_lstm_lm("attentive_lstm_lm")
+    with torch.no_grad():
+        logits = model(TOKENS)[0]
+    assert not logits.requires_grad and not logits._backward_hooks
+
+
+# ---------------------------------------------------------------------------- benchmark script
+BENCHMARK = os.path.join(REPO, "scripts", "benchmark_lstm_lm.py")
+
+
+def load_benchmark_script():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("benchmark_lstm_lm", BENCHMARK)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("width", [None, 35])
+def test_benchmark_gives_the_authors_model_the_same_sentences(width):
+    """--authors-code: the authors' model gets our batch with their pad index 0 (swapped with ours),
+    rows sorted by decreasing length, float lengths (their loader's); --authors-pad-to 35 pads the
+    rows to 35 columns as their loader does, with the same tokens."""
+    bench = load_benchmark_script()
+    sentences = bench.read_lines(os.path.join(REPO, "data", "ptb_sample", "train.txt"))
+    dictionary = bench.build_dictionary(sentences)
+    pad, eos = dictionary.pad(), dictionary.eos()
+    assert dictionary.index("<s>") == bench.AUTHORS_PAD != pad  # fairseq's <s>: never in a batch
+    batches = bench.sentence_batches(bench.encode(sentences, dictionary), 20, 35, pad, eos, seed=1)
+    # batches hold sentences of similar length: take one with rows of several lengths, right-padded
+    source, target = next(batch for batch in batches if batch[0].ne(pad).sum(1).unique().numel() > 1)
+    data, targets, lengths = bench.to_authors_batch((source, target), pad, width)
+    assert data.shape == targets.shape == (20, width or source.size(1)) and lengths.dtype == torch.float32
+    assert torch.equal(lengths, data.ne(bench.AUTHORS_PAD).sum(1).float())
+    assert torch.equal(lengths, targets.ne(bench.AUTHORS_PAD).sum(1).float())
+    assert (lengths[:-1] >= lengths[1:]).all()
+    theirs = {tuple(row[row.ne(bench.AUTHORS_PAD)].tolist()) for row in torch.cat([data, targets], 1)}
+    ours = {tuple(row[row.ne(pad)].tolist()) for row in torch.cat([source, target], 1)}
+    assert theirs == ours and not data.eq(pad).any()
+
+
+@pytest.mark.slow
+def test_benchmark_script_without_the_authors_code(tmp_path):
+    """The default path: our models at the paper's sizes, and the authors' column asks for their code."""
+    command = [sys.executable, BENCHMARK, "--data", os.path.join(REPO, "data", "ptb_sample", "train.txt"),
+               "--steps", "1", "--warmup", "0", "--threads", "1", "--batch-size", "4",
+               "--archs", "attentive_lstm_lm", "positional_attentive_lstm_lm"]
+    result = subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = [line for line in result.stdout.splitlines() if line.startswith("| ") and "attentive" in line]
+    assert [row.split(" | ")[0] for row in rows] == ["| attentive_lstm_lm", "| positional_attentive_lstm_lm"]
+    assert all(row.count("needs --authors-code") == 2 for row in rows)
+    assert "The authors' columns need --authors-code DIR" in result.stdout
+    missing = subprocess.run([*command, "--authors-code", str(tmp_path)], capture_output=True, text=True,
+                             cwd=REPO, timeout=600)
+    assert missing.returncode == 1 and f"{tmp_path}/model.py not found" in missing.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.environ.get("PYTORCH_ATTENTIVE_LM_DIR"),
+                    reason="needs a checkout of gautierdag/pytorch-attentive-lm in $PYTORCH_ATTENTIVE_LM_DIR")
+def test_benchmark_script_with_the_authors_code():
+    """--authors-code: their model of each of our archs trains on the same batches, and the ratio is given."""
+    command = [sys.executable, BENCHMARK, "--data", os.path.join(REPO, "data", "ptb_sample", "train.txt"),
+               "--steps", "1", "--warmup", "0", "--threads", "1", "--batch-size", "4",
+               "--authors-code", os.environ["PYTORCH_ATTENTIVE_LM_DIR"]]
+    result = subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = {line.split(" | ")[0][2:]: line.rstrip(" |").split(" | ") for line in result.stdout.splitlines()
+            if line.startswith("| ") and "lstm_lm" in line}
+    assert set(rows) == {*ARCHS, "lstm_lm", *(f"authors: {arch}" for arch in ARCHS)}
+    for arch in ARCHS:
+        assert re.fullmatch(r"\d+\.\d\dx", rows[arch][5]) and re.fullmatch(r"\d+\.\d\dx", rows[arch][7])
+        assert rows[arch][1:3] == rows[f"authors: {arch}"][1:3]  # parameters, target tokens per step
 
 
 # ---------------------------------------------------------------------------- (e) real tools

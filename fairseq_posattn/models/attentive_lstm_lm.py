@@ -59,6 +59,19 @@ w_2 product, the softmax over the memory, and everything of Dagan's after the po
 the gradient of the log-score overflows once sigma is below about 0.04, and in bf16 the positions
 i/N of a long block are not distinct. fp32 results are unchanged.
 
+Subnormal gradients (CPU training): once a row's logits span more than about 87 (which training at
+the paper's lr 30 reaches within the first ten updates of ``scripts/benchmark_lstm_lm.py``), the
+softmax gives probabilities below fp32's smallest normal number (2^-126, 1.2e-38), and the
+criterion's gradient of the logits holds millions of subnormal entries, or entries whose products
+with the output embedding are subnormal. The CPU computes with subnormals about 60 times slower: the
+output layer's backward pass then takes seconds instead of tens of milliseconds (a whole train step
+up to 25 times its usual time). On the CPU (GPUs compute with subnormals at full speed), a hook on
+the logits sets the entries of their gradient below ``SUBNORMAL_GUARD`` = 2^-100 (8e-31) to 0 before
+the output layer's backward pass (one elementwise pass, ``flush_subnormal``); their products with
+any weight above 2^-26 are then normal. An entry that small is below fp32's resolution of every sum
+it enters unless that sum is itself below about 1e-23: the gradients are the same numbers in
+practice, and bit for bit the same while no entry is that small.
+
 Activation checkpointing (``--checkpoint-activations``): in training, the attention over the past
 states (the B x T x T scores and weights, Salton's B x T x H tanh, the position generator and the
 mu recurrence) is recomputed in the backward pass instead of kept; the gradients are those of the
@@ -91,6 +104,10 @@ from fairseq_posattn.models.hub_loading import PosattnHubMixin
 DEFAULT_MAX_TARGET_POSITIONS = int(1e5)
 GAUSSIAN_EPS = 1e-6
 NORMALIZERS = ("block", "sentence")
+# on the CPU, the logits' gradient entries below this are set to 0 (module docstring), in fp32 and
+# bf16 (whose subnormals lie below 2^-126); fp16's start at 6e-5 and are left alone
+SUBNORMAL_GUARD = 2.0 ** -100
+SUBNORMAL_FLUSHED_DTYPES = (torch.float32, torch.bfloat16)
 
 IncrementalState = Dict[str, Dict[str, Optional[Tensor]]]
 
@@ -99,6 +116,12 @@ def full_precision(device: torch.device) -> ContextManager:
     """A region computed in the dtype of its inputs even under ``torch.autocast`` (``--amp``):
     the callers cast to fp32 themselves."""
     return torch.autocast(device_type=device.type, enabled=False)
+
+
+def flush_subnormal(grad: Tensor) -> Tensor:
+    """The logits' gradient with its entries below ``SUBNORMAL_GUARD`` in magnitude set to 0, so that
+    the output layer's backward matrix products see no subnormal numbers (module docstring)."""
+    return F.hardshrink(grad, SUBNORMAL_GUARD)
 
 
 def fp32_linear(layer: nn.Linear, x: Tensor) -> Tensor:
@@ -426,10 +449,15 @@ class AttentiveLSTMDecoder(FairseqIncrementalDecoder):
         return context, weights, {"mu": mu[:, -1], "generator_hidden": gen_h, "generator_cell": gen_c}
 
     def output_layer(self, features: Tensor) -> Tensor:
-        """Tied (or untied) projection to the vocabulary."""
+        """Tied (or untied) projection to the vocabulary; on the CPU, the near-subnormal entries of
+        the logits' gradient are set to 0 before its backward pass (module docstring)."""
         if self.share_input_output_embed:
-            return F.linear(features, self.embed_tokens.weight, self.output_bias)
-        return self.fc_out(features)
+            logits = F.linear(features, self.embed_tokens.weight, self.output_bias)
+        else:
+            logits = self.fc_out(features)
+        if logits.requires_grad and logits.device.type == "cpu" and logits.dtype in SUBNORMAL_FLUSHED_DTYPES:
+            logits.register_hook(flush_subnormal)
+        return logits
 
     # ------------------------------------------------------------------ incremental state
     def reorder_incremental_state(self, incremental_state: IncrementalState, new_order: Tensor) -> None:
