@@ -30,12 +30,13 @@ test: install
 test-fast: install
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m pytest -q -ra -m "not slow" tests
 
-# Regenerates the README's benchmark section (under 30 minutes on 2 CPU cores) and keeps the report;
-# benchmark-full also times every group with glibc's default malloc (about an hour).
+# Regenerates the README's benchmark section (d = 256, meant to take under 30 minutes on 2 CPU cores)
+# and keeps the report; benchmark-full: the iwslt sizes (d = 512), also timed with glibc's default
+# malloc (over an hour).
 benchmark: install
 	mkdir -p benchmark-output
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) scripts/posattn_benchmark --long --lm --threads 1 \
-		--output benchmark-output/benchmark.md --readme README.md
+		--embed-dim 256 --ffn-dim 512 --output benchmark-output/benchmark.md --readme README.md
 
 benchmark-full: install
 	mkdir -p benchmark-output

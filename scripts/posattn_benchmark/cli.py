@@ -86,6 +86,9 @@ def parse_cli(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     add("--full", action="store_true",
         help="the long run (about an hour on 2 cores): --malloc both, i.e. every group timed again "
         "with glibc's default malloc")
+    add("--memory-jobs", type=int, default=2,
+        help="memory workers run at once (each measures its own process's peak; the timing and "
+        "decoding workers always run alone; default: %(default)s)")
     add("--output", type=Path, help="also write the markdown report to this file")
     add("--readme", type=Path,
         help=f"also put the report into this markdown file, between the lines {README_START!r} and "
@@ -99,9 +102,9 @@ def parse_cli(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         cli.malloc = "both"
     if (error := resolve_device(cli)) is not None:
         parser.error(error)
-    if min(cli.steps, cli.decode_rounds, cli.decode_batch_size) < 1 or cli.warmup < 0 or (
+    if min(cli.steps, cli.decode_rounds, cli.decode_batch_size, cli.memory_jobs) < 1 or cli.warmup < 0 or (
             cli.threads is not None and cli.threads < 1):
-        parser.error("--steps, --decode-rounds, --decode-batch-size and --threads must be >= 1, "
+        parser.error("--steps, --decode-rounds, --decode-batch-size, --memory-jobs and --threads must be >= 1, "
                      "--warmup >= 0")
     if not 2 <= cli.min_len <= cli.max_len <= cli.max_positions:
         parser.error("need 2 <= --min-len <= --max-len <= --max-positions")

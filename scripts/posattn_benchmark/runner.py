@@ -8,6 +8,7 @@ import logging
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -105,12 +106,7 @@ class Runner:
         """Memory of vanilla, of every variant and of vanilla again; then the timing of all; then
         the decoding speed of vanilla and the decoding variants."""
         reference, variants = group.reference, group.applicable(self.variants)
-        for variant in (reference, *variants, reference):
-            result = self.run(group, "memory", [variant],
-                              f"memory of {variant.label} {' '.join(variant.flags)}".rstrip())
-            if result is not None:
-                group.memory.setdefault(variant.name, []).append(result)
-                logger.info("    peak %.0f MB", result["peak_mb"])
+        self.measure_memory(group, [reference, *variants, reference])
         if reference.name in group.memory:
             runnable = [reference, *(v for v in variants if v.name in group.memory)]
             what = f"timing of {len(runnable)} models, round-robin"
@@ -132,6 +128,21 @@ class Runner:
                 group.decoding = result["decode_ms"]
                 group.decode_sentences = result["sentences"]
                 group.decode_shapes = result["batch_shapes"]
+
+
+    def measure_memory(self, group: Group, variants: Sequence[Variant]) -> None:
+        """The memory workers of ``variants``, ``--memory-jobs`` at a time (a peak RSS is its own
+        process's, so concurrent workers do not disturb each other's measurement), in order."""
+        def one(variant: Variant) -> Optional[Dict[str, Any]]:
+            return self.run(group, "memory", [variant],
+                            f"memory of {variant.label} {' '.join(variant.flags)}".rstrip())
+
+        with ThreadPoolExecutor(max_workers=self.cli.memory_jobs) as pool:
+            results = list(pool.map(one, variants))
+        for variant, result in zip(variants, results):
+            if result is not None:
+                group.memory.setdefault(variant.name, []).append(result)
+                logger.info("    peak of %s: %.0f MB", variant.label, result["peak_mb"])
 
 
 def size_flags(cli: argparse.Namespace, task: str) -> Tuple[str, ...]:
