@@ -171,6 +171,17 @@ class PositionContext:
             return None
         return self.tables.get(key, length, build, length_dim)
 
+    def pair_table(self, key: str, tgt_len: int, src_len: int,
+                   compute: Callable[["PositionContext", int, int], Tensor]) -> Tensor:
+        """``compute(ctx, tgt_len, src_len)``, a ``(..., tgt_len, src_len)`` quantity of query and key
+        positions alone; in incremental decoding the last ``tgt_len`` of ``src_len`` rows of the
+        sequence's table, ``compute`` of an unpadded sequence of the bucket's length."""
+        device = self.padding_mask.device
+        table = self.sequence_table(key, src_len, lambda n: compute(PositionContext.unpadded(n, device), n, n))
+        if table is None:
+            return compute(self, tgt_len, src_len)
+        return table[..., src_len - tgt_len : src_len, :src_len]
+
     def key_padding_bias(self, dtype: torch.dtype) -> Tensor:
         """``(batch, 1, 1, length)``: 0 at tokens, -inf at pads, in ``dtype`` (the fused kernel's mask)."""
         def compute() -> Tensor:

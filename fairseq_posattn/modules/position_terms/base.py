@@ -85,12 +85,9 @@ class AdditiveLogitBias(PositionTerm):
     def bias(self, ctx: PositionContext, tgt_len: int, src_len: int) -> Tensor:
         """What the kernel adds: :meth:`forward`, or in incremental decoding the last ``tgt_len`` of
         ``src_len`` rows of the sequence's table (built by :meth:`forward` for a length bucket)."""
-        if not self.positions_only or ctx.tables is None:
+        if not self.positions_only:
             return self(ctx, tgt_len, src_len)
-        device = ctx.padding_mask.device
-        table = ctx.sequence_table(
-            self.table_key(), src_len, lambda n: self(PositionContext.unpadded(n, device), n, n))
-        return table[..., src_len - tgt_len : src_len, :src_len]
+        return ctx.pair_table(self.table_key(), tgt_len, src_len, self)
 
 
 class LogitScaling(PositionTerm):

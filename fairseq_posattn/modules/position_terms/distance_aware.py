@@ -46,14 +46,7 @@ class DistanceAwareScaling(LogitScaling):
         """The rescaled logits in fp32 (the kernel's softmax runs in fp32 anyway). In incremental
         decoding ``Rhat`` comes from a table built once per sequence."""
         tgt_len, src_len = logits.shape[-2:]
-        device = logits.device
-        table = ctx.sequence_table(
-            self.table_key(), src_len,
-            lambda n: self.coefficients(PositionContext.unpadded(n, device), n, n))
-        if table is None:
-            coefficients = self.coefficients(ctx, tgt_len, src_len)
-        else:
-            coefficients = table[:, src_len - tgt_len : src_len, :src_len]
+        coefficients = ctx.pair_table(self.table_key(), tgt_len, src_len, self.coefficients)
         return torch.relu(same_dtype(logits, at_least_fp32(logits.dtype))) * coefficients
 
     def inspect(self, positions: int) -> List[Quantity]:
