@@ -22,10 +22,10 @@ from fairseq_posattn.structure import binarize, parse_pipeline
 from fairseq_posattn.structure import (TreeError, align_pieces, piece_structural_positions,
                                        structural_relative_positions, tree_depths)
 from fairseq_posattn.structure.alignment import OTHER_WHITESPACE, align_lines, batch_piece_structural_positions
-from fairseq_posattn.structure.binarize import forest_walk, write_side_data
+from fairseq_posattn.structure.binarize import write_side_data
 from fairseq_posattn.structure.conllu_io import read_conllu, write_conllu
 from fairseq_posattn.structure.parsers import ConlluReader, ParserUnavailableError, SpacyParser, StanzaParser
-from fairseq_posattn.structure.side_data import token_side_data, tree_walk
+from fairseq_posattn.structure.side_data import forest_walk, token_side_data, tree_walk
 
 REPO = Path(__file__).resolve().parent.parent
 EWT_DEV = REPO.parent / "shared" / "data" / "ud_english_ewt" / "en_ewt-ud-dev.conllu"

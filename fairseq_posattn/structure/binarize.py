@@ -11,8 +11,9 @@ binarized source. The output is written under temporary names and renamed only w
 
 The sentences are handled :data:`CHUNK` at a time, with array operations over all of them: the
 alignment (:func:`~fairseq_posattn.structure.alignment.align_lines`), the depth-first walk of every
-tree (:func:`forest_walk`) and the chunk's bytes, written at once. A chunk with anything wrong in it
-goes through :func:`~fairseq_posattn.structure.side_data.token_side_data` sentence by sentence instead,
+tree (:func:`~fairseq_posattn.structure.side_data.forest_walk`) and the chunk's bytes, written at
+once. A chunk with anything wrong in it goes through
+:func:`~fairseq_posattn.structure.side_data.token_side_data` sentence by sentence instead,
 which names the first problem; errors come in the order of the lines either way.
 """
 
@@ -27,7 +28,7 @@ from tqdm import tqdm
 from fairseq_posattn.atomic_io import atomic_paths, count_lines, read_lines
 from fairseq_posattn.structure.alignment import align_lines, align_pieces
 from fairseq_posattn.structure.conllu_io import count_sentences
-from fairseq_posattn.structure.side_data import DEPTH, TIN, TOUT, token_side_data
+from fairseq_posattn.structure.side_data import DEPTH, TIN, TOUT, forest_walk, token_side_data
 
 logger = logging.getLogger(__name__)
 
@@ -134,90 +135,6 @@ def _one_by_one(chunk: List[Pair], done: int, bpe_path: str, conllu_path: str,
         _check_size(side.shape[1], expected_sizes, number, where)
         items.append(side.ravel())
     return np.concatenate(items or [np.empty(0, dtype=np.int32)]), [item.size for item in items]
-
-
-def forest_walk(heads: Sequence[Sequence[int]]) -> Optional[np.ndarray]:
-    """:func:`~fairseq_posattn.structure.side_data.tree_walk` of many trees at once: ``(3, words)``
-    int64 depth, entry and exit time of the words of all sentences, in order, then one column per
-    sentence for its EOS (``abs = 1 + max abs``, ``tin = tout = -1``). None when a head is not an
-    integer in 0..n or a tree has a cycle (``tree_walk`` then names the problem).
-
-    The walk enters and leaves every node, children in word order, one tick each. A word at place
-    ``order`` of the walk's preorder (its sentence's virtual root at 0) comes after the entries of the
-    ``order`` nodes before it and the exits of all of them but its ``depth + 1`` ancestors (the virtual
-    root included), so it enters at tick ``tin = 2 order - depth`` and leaves ``2 size - 1`` ticks later,
-    its subtree of ``size`` nodes entered and left. ``order`` is its parent's plus one plus the sizes of
-    its earlier siblings; depths come from pointer doubling (log2 n rounds), sizes and orders from one
-    pass each over the depth levels.
-    """
-    lengths = np.fromiter(map(len, heads), dtype=np.int64, count=len(heads))
-    flat = np.array(list(itertools.chain.from_iterable(heads)))
-    if flat.size and flat.dtype.kind not in "iu":
-        return None
-    flat = flat.astype(np.int64)
-    first_word = np.repeat(np.cumsum(lengths) - lengths, lengths)
-    if ((flat < 0) | (flat > np.repeat(lengths, lengths))).any():
-        return None
-    parent = np.where(flat > 0, first_word + flat - 1, -1)
-    depth = _depths(parent, int(lengths.max(initial=0)))
-    if depth is None:
-        return None
-    levels = _levels(depth)
-    size = _subtree_sizes(parent, levels)
-    order = _preorder(parent, np.repeat(np.arange(len(lengths)), lengths), size, levels)
-    tin = 2 * order - depth
-    eos_depth = np.zeros(len(lengths), dtype=np.int64)
-    words = lengths > 0
-    if words.any():
-        eos_depth[words] = np.maximum.reduceat(depth, (np.cumsum(lengths) - lengths)[words]) + 1
-    eos = np.stack((eos_depth, np.full_like(eos_depth, -1), np.full_like(eos_depth, -1)))
-    return np.concatenate((np.stack((depth, tin, tin + 2 * size - 1)), eos), axis=1)
-
-
-def _depths(parent: np.ndarray, longest: int) -> Optional[np.ndarray]:
-    """Edges from every node up to its root, by pointer doubling; None if some node is on a cycle."""
-    depth = (parent >= 0).astype(np.int64)  # edges up to jump
-    jump = parent.copy()
-    for _ in range(longest.bit_length() + 1):  # 2^rounds > longest > any depth
-        live = np.flatnonzero(jump >= 0)
-        if not len(live):
-            return depth
-        up = jump[live]
-        depth[live] += depth[up]
-        jump[live] = jump[up]
-    return None
-
-
-def _levels(depth: np.ndarray) -> List[np.ndarray]:
-    """The nodes of each depth, 0 first."""
-    deepest = int(depth.max(initial=-1))
-    by_depth = np.argsort(depth.astype(np.min_scalar_type(max(deepest, 0))), kind="stable")  # radix sort
-    bounds = np.searchsorted(depth[by_depth], np.arange(deepest + 2))
-    return [by_depth[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
-
-
-def _subtree_sizes(parent: np.ndarray, levels: List[np.ndarray]) -> np.ndarray:
-    """Nodes in every node's subtree, itself included, adding each level to its parents, deepest first."""
-    size = np.ones(len(parent), dtype=np.int64)
-    for level in reversed(levels[1:]):
-        np.add.at(size, parent[level], size[level])
-    return size
-
-
-def _preorder(parent: np.ndarray, sentence: np.ndarray, size: np.ndarray, levels: List[np.ndarray]) -> np.ndarray:
-    """Place of every node in its sentence's preorder walk (children in word order, the sentence's
-    virtual root at 0), given each node's ``sentence``, subtree ``size`` and the depth ``levels``."""
-    siblings = np.where(parent >= 0, parent, len(parent) + sentence)  # a root's parent: its sentence
-    by_parent = np.argsort(siblings, kind="stable")  # siblings together, in word order
-    sizes = size[by_parent]
-    before = np.cumsum(sizes) - sizes
-    group = np.flatnonzero(np.diff(siblings[by_parent], prepend=-1))
-    earlier = np.empty_like(size)  # the sizes of its earlier siblings
-    earlier[by_parent] = before - np.repeat(before[group], np.diff(group, append=len(by_parent)))
-    order = earlier + 1
-    for level in levels[1:]:
-        order[level] += order[parent[level]]
-    return order
 
 
 def _items(walk: np.ndarray, piece_word: np.ndarray, pieces: np.ndarray) -> np.ndarray:
