@@ -1,7 +1,8 @@
 """examples/evidence: the plan of the evidence runs (every system of the four comparisons x seeds, each the
 existing recipe with its budget), the verdict rule and the tagging bootstrap, and, on the shipped PTB
-sample, a tiny set of runs interrupted by SIGTERM and resumed without redoing its finished runs, then
-the results page generated from them."""
+sample, a tiny set of runs interrupted by SIGTERM and resumed without redoing its finished runs, their
+records (a fresh output folder, as on another machine, redoes nothing), then the results page generated
+from the records alone."""
 
 import json
 import os
@@ -57,7 +58,7 @@ def test_the_plan_has_every_system_of_the_issue_with_its_seeds_and_budget(tmp_pa
             assert run.env["MAX_UPDATE"] == "1500" and run.env["SEED"] == str(run.seed)
             assert run.depends_on == "translation/data" and run.env["GEN_SUBSETS"] == "valid test"
         if run.task == "lm":
-            assert run.env["STOP_TIME_HOURS"] == "2" and run.env["VALIDATE"] == "1" and run.env["MAX_UPDATE"] == "0"
+            assert run.env["MAX_EPOCH"] == "6" and run.env["VALIDATE"] == "1" and run.env["MAX_UPDATE"] == "0"
             assert run.env["OPTIMIZER"] == ("paper" if run.system in plan.LSTM_SYSTEMS else "adam")
         if run.task == "tagging":
             assert run.env["PATIENCE"] == "3" and run.env["VALIDATE_EVERY"] == "0"
@@ -72,10 +73,10 @@ def test_the_plan_has_every_system_of_the_issue_with_its_seeds_and_budget(tmp_pa
 def test_selection_and_cap_from_the_environment(tmp_path):
     settings = plan.Settings.from_env({"EVIDENCE_OUT": str(tmp_path), "TASKS": "tagging lm", "SEEDS": "7",
                                        "TAGGING_SYSTEMS": "pe_add conv", "TAG_SETS": "xpos", "LM_SYSTEMS": "tf_da",
-                                       "MAX_UPDATE": "3", "LM_MINUTES": "30"})
+                                       "MAX_UPDATE": "3", "LM_EPOCHS": "2"})
     runs = plan.build_plan(settings)
     assert [r.id for r in runs] == ["tagging/xpos/pe_add/seed7", "tagging/xpos/conv/seed7", "lm/tf_da/seed7"]
-    assert runs[0].env["MAX_UPDATE"] == "3" and runs[2].env["STOP_TIME_HOURS"] == "0.5"
+    assert runs[0].env["MAX_UPDATE"] == "3" and runs[2].env["MAX_EPOCH"] == "2"
     for env, name in (({"TASKS": "translation parsing"}, "TASKS"), ({"LM_SYSTEMS": "gpt"}, "LM_SYSTEMS"),
                       ({"SEEDS": "one"}, "SEEDS"), ({"JOBS": "-1"}, "JOBS"), ({"TAG_SETS": "lemma"}, "TAG_SETS")):
         with pytest.raises(plan.PlanError, match=name):
@@ -139,6 +140,7 @@ def test_tagging_bootstrap_on_real_sentences(tmp_path):
     gold = open(EWT_DEV, encoding="utf-8").read().splitlines()
 
     def corrupt(every: int, offset: int = 0) -> str:
+        """The predicted tags as a run's record keeps them: one sentence per line."""
         lines, word = [], 0
         for line in gold:
             cols = line.split("\t")
@@ -147,11 +149,17 @@ def test_tagging_bootstrap_on_real_sentences(tmp_path):
                 if (word + offset) % every == 0:
                     cols[3] = "X" if cols[3] != "X" else "NOUN"
             lines.append("\t".join(cols))
-        path = tmp_path / f"every{every}-{offset}.conllu"
-        path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+        conllu = tmp_path / f"every{every}-{offset}.conllu"
+        conllu.write_text("\n".join(lines) + "\n", encoding="utf-8")
+        return kept_tags(conllu)
+
+    def kept_tags(conllu) -> str:
+        path = tmp_path / f"{Path(conllu).name}.upos"
+        path.write_text("".join(line + "\n" for line in plan.Kept("dev.pred.upos", Path(conllu), tags="upos").lines()),
+                        encoding="utf-8")
         return str(path)
 
-    right, words = sentence_counts(EWT_DEV, EWT_DEV, "upos")
+    right, words = sentence_counts(EWT_DEV, kept_tags(EWT_DEV), "upos")
     assert (right == words).all() and words.sum() > 800
     worse, _ = sentence_counts(EWT_DEV, corrupt(5), "upos")
     assert words.sum() - worse.sum() == sum(1 for line in gold if re.match(r"^\d+\t", line)) // 5
@@ -161,8 +169,9 @@ def test_tagging_bootstrap_on_real_sentences(tmp_path):
     one, other = sentence_counts(EWT_DEV, corrupt(20), "upos")[0], sentence_counts(EWT_DEV, corrupt(20, 10), "upos")[0]
     assert abs(int(one.sum()) - int(other.sum())) <= 1 and not np.array_equal(one, other)
     assert paired_accuracy_bootstrap(one, other, words) > 0.3
+    train_sample = os.path.join(REPO, "data", "ud_ewt_sample", "en_ewt-ud-train.sample.conllu")
     with pytest.raises(ValueError, match="sentence by sentence"):
-        sentence_counts(EWT_DEV, os.path.join(REPO, "data", "ud_ewt_sample", "en_ewt-ud-train.sample.conllu"), "upos")
+        sentence_counts(EWT_DEV, kept_tags(train_sample), "upos")
 
 
 # ---------------------------------------------------------------------------------------------- end to end
@@ -176,7 +185,8 @@ def tiny_runs(tmp_path_factory):
     """2 transformer LMs x 2 seeds, 2 updates each, on the PTB sample, 2 at a time: SIGTERM once a run has
     finished and another is running, then the same command again."""
     out = tmp_path_factory.mktemp("evidence")
-    env = {**os.environ, "EVIDENCE_OUT": str(out), "TASKS": "lm", "LM_SYSTEMS": "tf_vanilla tf_da", "LM_SEEDS": "1 2",
+    env = {**os.environ, "EVIDENCE_OUT": str(out), "EVIDENCE_RECORDS": str(out / "records"), "TASKS": "lm",
+           "LM_SYSTEMS": "tf_vanilla tf_da", "LM_SEEDS": "1 2",
            "MAX_UPDATE": "2", "PTB_DIR": PTB_SAMPLE, "JOBS": "2", "THREADS": "1"}
     command = [sys.executable, str(EVIDENCE / "evidence.py"), "run", "--no-results"]
     first = subprocess.Popen(command, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -199,8 +209,10 @@ def tiny_runs(tmp_path_factory):
     stamps = {k: os.stat(Path(r["out_dir"]) / "logs" / f"eval.{r['system']}.test.log").st_mtime_ns
               for k, r in finished.items()}
     second = subprocess.run(command, env=env, cwd=REPO, capture_output=True, text=True, timeout=300)
-    return {"out": out, "first": first, "first_output": interrupted_output, "after_stop": after_stop,
-            "stamps": stamps, "second": second}
+    elsewhere = {**env, "EVIDENCE_OUT": str(out / "elsewhere")}  # another machine: only the records
+    third = subprocess.run(command, env=elsewhere, cwd=REPO, capture_output=True, text=True, timeout=300)
+    return {"out": out, "env": env, "first": first, "first_output": interrupted_output, "after_stop": after_stop,
+            "stamps": stamps, "second": second, "third": third}
 
 
 @pytest.mark.slow
@@ -228,10 +240,23 @@ def test_an_interrupted_set_resumes_without_redoing_finished_runs(tiny_runs):
                 logs = Path(entry["out_dir"]) / "logs"
                 assert (logs / f"train.{entry['system']}.log.attempt1").exists()
                 assert "done training" in (logs / f"train.{entry['system']}.log").read_text(encoding="utf-8")
-    # the page from these runs: the measured rows filled in, the rest not run yet
+    # the records: a fresh output folder redoes nothing; their logs hold no path of this machine
+    records = tiny_runs["out"] / "records"
+    assert tiny_runs["third"].returncode == 0, tiny_runs["third"].stdout[-3000:] + tiny_runs["third"].stderr[-3000:]
+    assert "4 finished already" in tiny_runs["third"].stdout and " start " not in tiny_runs["third"].stdout
+    for run_id, entry in final.items():
+        record = json.loads((records / run_id / "run.json").read_text(encoding="utf-8"))
+        assert record["budget"] == entry["budget"] and record["attempts"] == final[run_id]["attempts"]
+        assert {p.name for p in (records / run_id).iterdir()} == {"run.json", "train.log", "eval.valid.log",
+                                                                  "eval.test.log"}
+        eval_log = Path(entry["out_dir"]) / "logs" / f"eval.{entry['system']}.test.log"
+        assert (records / run_id / "eval.test.log").read_text(encoding="utf-8") == \
+            eval_log.read_text(encoding="utf-8").replace(f"{REPO}/", "")
+        assert str(REPO) not in (records / run_id / "train.log").read_text(encoding="utf-8")
+    # the page from the records alone (the output folder of another machine): measured rows filled in
     page_path = tiny_runs["out"] / "page" / "results.md"
-    subprocess.run([sys.executable, str(EVIDENCE / "results.py"), "--evidence-out", str(tiny_runs["out"]),
-                    "--output", str(page_path)], cwd=REPO, check=True, capture_output=True)
+    subprocess.run([sys.executable, str(EVIDENCE / "results.py"), "--evidence-out", str(tiny_runs["out"] / "elsewhere"),
+                    "--output", str(page_path)], cwd=REPO, check=True, capture_output=True, env=tiny_runs["env"])
     page = page_path.read_text(encoding="utf-8")
     ppl = {}
     for entry in final.values():

@@ -4,14 +4,16 @@
     python examples/evidence/evidence.py plan      # every run, its status and exact command
     python examples/evidence/evidence.py run       # run what is not finished, JOBS at a time
     python examples/evidence/evidence.py status    # counts and wall time per task
+    python examples/evidence/evidence.py record    # record the finished runs (done by ``run`` too)
 
 Settings come from the environment (``evidence_plan.Settings.from_env``: TASKS, SEEDS, budgets, JOBS,
-data folders). ``run`` skips every run whose final artifact exists, resumes the others (each recipe
-resumes its fairseq-train from checkpoint_last.pt and skips its finished steps), writes
-``EVIDENCE_OUT/manifest.json`` atomically after every change, and on SIGTERM or Ctrl-C stops its
-recipes (SIGTERM to each one's process group), marks them interrupted and exits with status 143 (130).
-Running the same command again carries on. When every run has been tried it regenerates
-docs/results.md (``--no-results`` to skip).
+data folders). ``run`` records every finished run in ``examples/evidence/records/`` (:mod:`records`:
+the small files the results page reads, committed with the code), skips every recorded run, resumes
+the others (each recipe resumes its fairseq-train from checkpoint_last.pt and skips its finished
+steps), writes ``EVIDENCE_OUT/manifest.json`` atomically after every change, and on SIGTERM or Ctrl-C
+stops its recipes (SIGTERM to each one's process group), marks them interrupted and exits with status
+143 (130). Running the same command again carries on, on this machine or, from the records, on another
+one. When every run has been tried it regenerates docs/results.md (``--no-results`` to skip).
 """
 
 import argparse
@@ -28,6 +30,7 @@ from pathlib import Path
 from typing import IO, Dict, Iterator, List, Optional
 
 from evidence_plan import REPO, PlanError, Run, Settings, build_plan
+from records import is_recorded, read_record, save_settings, write_record
 
 MANIFEST = "manifest.json"
 POLL_SECONDS = 1.0
@@ -71,11 +74,6 @@ class Manifest:
         with atomic_write(str(self.path)) as out:
             json.dump(self.data, out, indent=1, sort_keys=True)
             out.write("\n")
-
-
-def wall_seconds(entry: Dict[str, object]) -> float:
-    """A run's wall time: the sum over its attempts."""
-    return sum(float(a.get("seconds", 0.0)) for a in entry.get("attempts", []))  # type: ignore[union-attr]
 
 
 @contextlib.contextmanager
@@ -136,10 +134,17 @@ class Runner:
 
     # ------------------------------------------------------------------------------------ state
     def sync_with_disk(self) -> None:
-        """Every run's status from its artifacts: finished on disk = finished, whatever the manifest says."""
+        """Every run's status from its record and artifacts, whatever the manifest says: recorded = finished;
+        finished on disk = recorded now and finished. A preparation other runs need counts as finished
+        only while its output is on disk, or once every run that needs it is recorded."""
+        needed = {r.depends_on for r in self.runs if r.depends_on and not is_recorded(r)}
         for run in self.runs:
             entry = self.manifest.entry(run)
             if run.finished():
+                if not is_recorded(run):
+                    write_record(run, entry["attempts"])  # type: ignore[arg-type]
+                entry["status"] = FINISHED
+            elif is_recorded(run) and run.id not in needed:
                 entry["status"] = FINISHED
             elif entry["status"] == RUNNING:
                 pgid = entry.get("pgid")
@@ -192,6 +197,8 @@ class Runner:
         entry.pop("pgid", None)
         entry.pop("pgid_start", None)
         self.manifest.save(self.settings)
+        if complete:
+            log(f"recorded {run.id} in {write_record(run, entry['attempts'])}")  # type: ignore[arg-type]
         if complete and returncode != 0:
             log(f"{run.id}: the recipe exited with status {returncode} after writing its final artifacts")
         why = "" if complete or interrupted else (
@@ -261,10 +268,19 @@ class Runner:
         return 0 if counts.get(FINISHED, 0) == len(self.runs) else 1
 
 
+def record_finished(settings: Settings, runs: List[Run]) -> None:
+    """Record every run finished on disk and not recorded yet (a runner records the runs it finishes)."""
+    manifest = Manifest(settings.out / MANIFEST)
+    for run in runs:
+        if run.finished() and not is_recorded(run):
+            attempts = manifest.runs.get(run.id, {}).get("attempts", [])
+            log(f"recorded {run.id} in {write_record(run, attempts)}")  # type: ignore[arg-type]
+
+
 def print_plan(settings: Settings, runs: List[Run]) -> None:
     manifest = Manifest(settings.out / MANIFEST)
     for run in runs:
-        status = FINISHED if run.finished() else manifest.runs.get(run.id, {}).get("status", PENDING)
+        status = FINISHED if is_recorded(run) else manifest.runs.get(run.id, {}).get("status", PENDING)
         print(f"{run.id}\t{status}\t{run.shell()}")
 
 
@@ -275,16 +291,17 @@ def print_status(settings: Settings, runs: List[Run]) -> None:
     for task in settings.tasks:
         mine = [r for r in runs if r.task == task]
         entries = [manifest.runs.get(r.id, {}) for r in mine]
-        finished = [e for r, e in zip(mine, entries) if r.finished()]
+        records = [read_record(r) for r in mine]
+        finished = [record for record in records if record is not None]
         failed = sum(e.get("status") == FAILED for e in entries)
         interrupted = sum(e.get("status") == INTERRUPTED for e in entries)
-        hours = sum(wall_seconds(e) for e in finished) / 3600
+        hours = sum(float(record["seconds"]) for record in finished) / 3600  # type: ignore[arg-type]
         print(f"| {task} | {len(mine)} | {len(finished)} | {failed} | {interrupted} | {hours:.2f} |")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("action", choices=["plan", "run", "status"])
+    parser.add_argument("action", choices=["plan", "run", "status", "record"])
     parser.add_argument("--tasks", help="overrides TASKS, e.g. 'tagging classification'")
     parser.add_argument("--jobs", type=int, help="overrides JOBS: runs at once")
     parser.add_argument("--no-results", action="store_true", help="run: do not regenerate the results page at the end")
@@ -310,7 +327,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.action == "status":
         print_status(settings, runs)
         return 0
+    if args.action == "record":
+        record_finished(settings, runs)
+        return 0
     with exclusive(settings.out):
+        save_settings(settings)
         runner = Runner(settings, runs)
         runner.sync_with_disk()
         todo = [r for r in runs if runner.status(r) != FINISHED]

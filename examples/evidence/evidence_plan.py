@@ -80,9 +80,8 @@ class Settings:
     systems: Dict[str, List[str]]
     tag_sets: List[str]
     translation_max_update: int = 1500
-    lm_minutes: float = 120.0
+    lm_epochs: int = 6
     lm_lstm_lr: float = 10.0  # SGD; the paper's 30 diverges for the attentive LSTMs here (see lm_budget)
-    lm_min_epochs: int = 6
     tagging_patience: int = 3
     tagging_max_epoch: int = 100
     classification_max_update: int = 434
@@ -96,8 +95,7 @@ class Settings:
         """``EVIDENCE_OUT`` (default ``evidence-output/`` in the repository), ``TASKS``, ``SEEDS`` (all
         tasks) or ``TRANSLATION_SEEDS`` / ``LM_SEEDS`` / ``TAGGING_SEEDS`` / ``CLASSIFICATION_SEEDS``,
         ``TRANSLATION_SYSTEMS`` / ``LM_SYSTEMS`` / ``TAGGING_SYSTEMS`` / ``CLASSIFICATION_SYSTEMS``,
-        ``TAG_SETS``; budgets ``TRANSLATION_MAX_UPDATE``, ``LM_MINUTES`` (training time per language
-        model), ``LM_LSTM_LR`` (the LSTMs' SGD learning rate), ``TAGGING_PATIENCE``, ``TAGGING_MAX_EPOCH``,
+        ``TAG_SETS``; budgets ``TRANSLATION_MAX_UPDATE``, ``LM_EPOCHS`` (epochs per language model), ``LM_LSTM_LR`` (the LSTMs' SGD learning rate), ``TAGGING_PATIENCE``, ``TAGGING_MAX_EPOCH``,
         ``CLASSIFICATION_MAX_UPDATE``, and ``MAX_UPDATE`` (a cap on every run, for smoke runs); ``JOBS``
         runs at once, ``THREADS`` CPU threads each; data ``MULTI30K_DIR``, ``PTB_DIR``, ``EWT_TRAIN`` +
         ``EWT_DEV`` (or ``EWT``, the folder), ``SST2``."""
@@ -123,7 +121,7 @@ class Settings:
         return cls(
             out=out, tasks=tasks, seeds=seeds, systems=systems, tag_sets=tag_sets,
             translation_max_update=int(_number(env, "TRANSLATION_MAX_UPDATE", 1500)),
-            lm_minutes=float(_number(env, "LM_MINUTES", 120.0, float)),
+            lm_epochs=max(1, int(_number(env, "LM_EPOCHS", 6))),
             lm_lstm_lr=float(_number(env, "LM_LSTM_LR", 10.0, float)),
             tagging_patience=int(_number(env, "TAGGING_PATIENCE", 3)),
             tagging_max_epoch=int(_number(env, "TAGGING_MAX_EPOCH", 100)),
@@ -168,6 +166,36 @@ def display(path: object) -> str:
     return os.path.relpath(str(path), REPO)
 
 
+@dataclass(frozen=True)
+class Kept:
+    """One file of a run's record: ``name`` in the record, made from ``source`` in the run's folder.
+
+    ``translations_of``: ``source`` is a fairseq-generate output of the references in this file; the
+    record keeps its hypotheses, detokenized, in reference order. ``tags``: ``source`` is a CoNLL-U
+    file; the record keeps its ``tags`` column (``upos`` / ``xpos``), one sentence per line.
+    Otherwise the file is copied."""
+
+    name: str
+    source: Path
+    translations_of: Optional[Path] = None
+    tags: str = ""
+
+    def lines(self) -> List[str]:
+        if self.translations_of is not None:
+            from fairseq_posattn.atomic_io import count_lines
+            from fairseq_posattn.data.generate_output import read_generate_output
+            from fairseq_posattn.data.text_pipeline import detokenize_lines
+
+            reference = str(self.translations_of)
+            return detokenize_lines(read_generate_output(str(self.source), reference, count_lines(reference)), "de")
+        if self.tags:
+            from fairseq_posattn.data.tagged_corpus import read_tagged_conllu
+
+            return [" ".join(s.tags) for s in read_tagged_conllu(str(self.source), self.tags)]
+        with open(self.source, encoding="utf-8", errors="replace") as f:
+            return f.read().splitlines()
+
+
 @dataclass
 class Run:
     """One recipe invocation and how to tell that it finished."""
@@ -185,6 +213,7 @@ class Run:
     train_log: Optional[Path] = None
     done_when: Tuple[Tuple[Path, str], ...] = ()  # (file, text it must hold; "" = it must exist)
     depends_on: Optional[str] = None
+    kept: Tuple[Kept, ...] = ()  # what its record keeps besides the training log (records.py)
 
     def finished(self) -> bool:
         for path, text in self.done_when:
@@ -237,7 +266,8 @@ def _translation(settings: Settings) -> List[Run]:
         budget="preparation: Moses, joint BPE (5,000 merges), spaCy parse, fairseq-preprocess, structure",
         done_when=tuple((data / "data-bin" / f"{split}.en-de.en.structure.idx", "")
                         for split in ("train", "valid", "test"))
-        + ((data / "raw" / "test.de", ""), (data / "raw" / "valid.de", "")))
+        + ((data / "raw" / "test.de", ""), (data / "raw" / "valid.de", "")),
+        kept=tuple(Kept(f"reference.{subset}.de", data / "raw" / f"{subset}.de") for subset in ("valid", "test")))
     runs = [prep]
     updates = settings.capped(settings.translation_max_update)
     for seed in settings.seeds["translation"]:
@@ -253,13 +283,16 @@ def _translation(settings: Settings) -> List[Run]:
                 budget=translation_budget(settings), train_log=out / "logs" / f"train-row{system}.log",
                 done_when=tuple((generated / f"generate-{subset}.txt", f"Generate {subset} with beam=")
                                 for subset in ("valid", "test")),
-                depends_on=prep.id))
+                depends_on=prep.id,
+                kept=tuple(Kept(f"hypotheses.{subset}.de", generated / f"generate-{subset}.txt",
+                                translations_of=data / "raw" / f"{subset}.de") for subset in ("valid", "test"))))
     return runs
 
 
 def lm_budget(settings: Settings, system: str) -> str:
     cap = f", at most {settings.max_update:,} updates" if settings.max_update else ""
-    time = f"training stopped after {settings.lm_minutes:g} minutes (fairseq --stop-time-hours){cap}"
+    time = (f"{settings.lm_epochs} epochs of PTB{cap} (a number of epochs rather than a training time: the budget "
+            "does not depend on the machine's load, and a run fits in one working session of this machine)")
     if system in LSTM_SYSTEMS:
         return ("Dagan's sizes: embeddings and 2 LSTM layers of 400, tied; dropout 0.5 / 0.2 / 0.5 (the attentive "
                 "models' defaults; lstm_lm: 0.5); batches of 20 sentences; Dagan's optimiser and schedule: SGD, "
@@ -278,8 +311,8 @@ def _language_model(settings: Settings) -> List[Run]:
         for system in settings.systems["lm"]:
             out = settings.out / "lm" / system / f"seed{seed}"
             env = {**_common(settings, out), "PTB_DIR": settings.data["ptb"], "MODELS": system, "PARALLEL": "1",
-                   "SEED": str(seed), "MAX_UPDATE": str(settings.capped(0)), "MAX_EPOCH": "0",
-                   "STOP_TIME_HOURS": f"{settings.lm_minutes / 60:.6g}", "VALIDATE": "1",
+                   "SEED": str(seed), "MAX_UPDATE": str(settings.capped(0)), "MAX_EPOCH": str(settings.lm_epochs),
+                   "STOP_TIME_HOURS": "0", "VALIDATE": "1",
                    "EVAL_CHECKPOINT": "checkpoint_best.pt"}
             if system in LSTM_SYSTEMS:
                 env.update(LSTM_DIM="400", LSTM_LAYERS="2", BATCH_SIZE="20", OPTIMIZER="paper",
@@ -292,7 +325,9 @@ def _language_model(settings: Settings) -> List[Run]:
                 id=f"lm/{system}/seed{seed}", task="lm", system=system, seed=seed, group="", out_dir=out,
                 recipe=RECIPES["lm"], args=(), env=env, budget=lm_budget(settings, system),
                 train_log=logs / f"train.{system}.log",
-                done_when=tuple((logs / f"eval.{system}.{subset}.log", "Perplexity:") for subset in ("valid", "test"))))
+                done_when=tuple((logs / f"eval.{system}.{subset}.log", "Perplexity:") for subset in ("valid", "test")),
+                kept=tuple(Kept(f"eval.{subset}.log", logs / f"eval.{system}.{subset}.log")
+                           for subset in ("valid", "test"))))
     return runs
 
 
@@ -320,7 +355,9 @@ def _tagging(settings: Settings) -> List[Run]:
                          "CHECKPOINT": "checkpoint_best.pt"},
                     budget=tagging_budget(settings), train_log=run_dir / "train.log",
                     done_when=((run_dir / "validate.log", "valid on 'valid' subset"),
-                               (run_dir / "dev.pred.conllu", ""))))
+                               (run_dir / "dev.pred.conllu", "")),
+                    kept=(Kept("validate.log", run_dir / "validate.log"),
+                          Kept(f"dev.pred.{group}", run_dir / "dev.pred.conllu", tags=group))))
     return runs
 
 
@@ -342,7 +379,8 @@ def _classification(settings: Settings) -> List[Run]:
                      "MAX_UPDATE": str(settings.capped(settings.classification_max_update)), "BATCH_SIZE": "32",
                      "VALIDATE_EVERY": "50", "LR": "1e-3"},
                 budget=classification_budget(settings), train_log=run_dir / "train.log",
-                done_when=((run_dir / "validate.log", "valid on 'valid' subset"),)))
+                done_when=((run_dir / "validate.log", "valid on 'valid' subset"),),
+                kept=(Kept("validate.log", run_dir / "validate.log"),)))
     return runs
 
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Write docs/results.md and its pictures from the evidence runs' logs (nothing typed by hand).
+"""Write docs/results.md and its pictures from the evidence runs' records (nothing typed by hand).
 
     python examples/evidence/results.py [--evidence-out evidence-output] [--output docs/results.md]
 
@@ -7,8 +7,10 @@ For every claim of :mod:`paper_claims`: the paper's numbers, ours (mean ± sd ov
 finished, with the budget), the paired bootstrap p-value of each seed against the reference system of
 the same seed where one exists (BLEU, tagging accuracy), and a verdict by the rule written on the
 page. Runs that have not finished yet are shown as "not run yet", so the page can be made at any time
-and fills in as runs finish. The settings (tasks, seeds, budgets) are those the runner recorded in
-``EVIDENCE_OUT/manifest.json``, else the environment's.
+and fills in as runs finish. Every number comes from the runs' records (:mod:`records`, committed in
+``examples/evidence/records/``), so that a fresh clone makes the same page; the settings (seeds,
+budgets) are those the records were made under (``records/settings.json``), else the environment's.
+``EVIDENCE_OUT/manifest.json``, where this machine has one, adds the runs that failed or are running.
 """
 
 import argparse
@@ -22,10 +24,11 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import results_readers as readers
-from evidence import wall_seconds
 from evidence_plan import (LSTM_SYSTEMS, REPO, SYSTEMS, TASKS, Run, Settings, build_plan, classification_budget,
                            display, lm_budget, tagging_budget, translation_budget)
 from paper_claims import NO_EFFECT, Claim, claims_for
+from records import TRAIN_LOG, read_record, record_dir, records_root
+from records import load_settings as recorded_settings
 
 from fairseq_posattn.atomic_io import atomic_write
 from fairseq_posattn.cli import setup_logging
@@ -115,7 +118,8 @@ class TaskData:
     task: str
     group: str
     runs: List[Run]
-    entries: Dict[str, Dict[str, object]]
+    records: Dict[str, Dict[str, object]]  # run id -> its record's run.json, for the finished runs
+    entries: Dict[str, Dict[str, object]]  # run id -> this machine's manifest entry (failed / running runs)
     metrics: Dict[str, Dict[str, float]] = field(default_factory=dict)
     p_values: Dict[Tuple[str, str, int, str], Optional[float]] = field(default_factory=dict)
     signature: str = ""
@@ -165,7 +169,7 @@ def evaluate(claim: Claim, data: TaskData) -> ClaimResult:
 
 # ------------------------------------------------------------------------------------- reading
 def finished_runs(data: TaskData) -> List[Run]:
-    return [run for run in data.runs if run.finished()]
+    return [run for run in data.runs if run.id in data.records]
 
 
 def read_translation(data: TaskData, prep: Optional[Run], n_samples: int) -> None:
@@ -184,8 +188,9 @@ def read_translation(data: TaskData, prep: Optional[Run], n_samples: int) -> Non
                 base, others = done.get((reference, seed)), [done[(s, seed)] for s in systems if (s, seed) in done]
                 if base is None or not others:
                     continue
-                comparison = readers.compare_translations(base, others, subset, prep.out_dir / "raw" / f"{subset}.de",
-                                                          n_samples)
+                comparison = readers.compare_translations(
+                    (base.system, record_dir(base)), [(r.system, record_dir(r)) for r in others], subset,
+                    record_dir(prep) / f"reference.{subset}.de", n_samples)
                 data.signature = comparison.signature
                 for system, bleu in comparison.bleu.items():
                     data.metrics.setdefault(done[(system, seed)].id, {})[metric] = bleu
@@ -193,15 +198,15 @@ def read_translation(data: TaskData, prep: Optional[Run], n_samples: int) -> Non
                         data.p_values[(system, reference, seed, metric)] = comparison.p_value[system]
         for run in done.values():  # a run that no claim pairs yet: its BLEU alone
             if metric not in data.metrics.get(run.id, {}):
-                reference_path = prep.out_dir / "raw" / f"{subset}.de"
-                data.metrics.setdefault(run.id, {})[metric] = readers.bleu(run, subset, reference_path)
+                reference_path = record_dir(prep) / f"reference.{subset}.de"
+                data.metrics.setdefault(run.id, {})[metric] = readers.bleu(record_dir(run), subset, reference_path)
 
 
 def read_tagging(data: TaskData, dev: str, n_samples: int) -> None:
     counts = {}
     for run in finished_runs(data):
-        data.metrics[run.id] = readers.tagging_metrics(run)
-        predicted = run.out_dir / "runs" / run.system / f"seed{run.seed}" / "dev.pred.conllu"
+        data.metrics[run.id] = readers.tagging_metrics(record_dir(run))
+        predicted = record_dir(run) / f"dev.pred.{data.group}"
         counts[(run.system, run.seed)] = readers.sentence_counts(dev, str(predicted), data.group)
     for claim in claims_for("tagging", data.group):
         if claim.metric != "accuracy":
@@ -213,9 +218,9 @@ def read_tagging(data: TaskData, dev: str, n_samples: int) -> None:
                     readers.paired_accuracy_bootstrap(system[0], reference[0], reference[1], n_samples)
 
 
-def read_simple(data: TaskData, reader: Callable[[Run], Dict[str, float]]) -> None:
+def read_simple(data: TaskData, reader: Callable[[Path], Dict[str, float]]) -> None:
     for run in finished_runs(data):
-        data.metrics[run.id] = reader(run)
+        data.metrics[run.id] = reader(record_dir(run))
 
 
 # ------------------------------------------------------------------------------------- pictures
@@ -272,9 +277,8 @@ def curves_picture(pictures: Pictures, name: str, data: TaskData, metric: str, x
                    title: str) -> Optional[str]:
     groups = []
     for system in data.systems():
-        curves = [Curve(str(run.train_log), points) for run in data.runs
-                  if run.system == system and run.finished()
-                  for points in [readers.curve(run.train_log, metric, x)] if points]
+        curves = [Curve(run.id, points) for run in finished_runs(data) if run.system == system
+                  for points in [readers.curve(record_dir(run) / TRAIN_LOG, metric, x)] if points]
         if curves:
             groups.append(CurveGroup(labels[system], curves))
     if not groups:
@@ -286,7 +290,7 @@ def curves_picture(pictures: Pictures, name: str, data: TaskData, metric: str, x
 
 def lm_time_picture(pictures: Pictures, data: TaskData, labels: Dict[str, str]) -> Optional[str]:
     """Valid perplexity against epochs and against training hours, one line per run."""
-    runs = [r for r in data.runs if r.finished() and readers.curve(r.train_log, "ppl", "epoch")]
+    runs = [r for r in finished_runs(data) if readers.curve(record_dir(r) / TRAIN_LOG, "ppl", "epoch")]
     if not runs:
         return None
     import matplotlib
@@ -296,8 +300,8 @@ def lm_time_picture(pictures: Pictures, data: TaskData, labels: Dict[str, str]) 
     figure, (by_epoch, by_time) = plt.subplots(1, 2, figsize=(11, 4.2), dpi=100)
     colours: Dict[str, str] = {}
     for run in runs:
-        points = readers.curve(run.train_log, "ppl", "epoch")
-        hours = readers.training_hours_by_epoch(run.train_log)
+        points = readers.curve(record_dir(run) / TRAIN_LOG, "ppl", "epoch")
+        hours = readers.training_hours_by_epoch(record_dir(run) / TRAIN_LOG)
         colour = colours.setdefault(run.system, f"C{len(colours) % 10}")
         label = labels[run.system] if run.seed == min(r.seed for r in runs if r.system == run.system) else None
         by_epoch.plot([e for e, _ in points], [p for _, p in points], marker="o", markersize=3, color=colour,
@@ -369,7 +373,7 @@ def systems_table(data: TaskData, labels: Dict[str, str]) -> List[str]:
             if i == 0:
                 cells.append(", ".join([f"s{s}: {fmt(data.value(system, s, metric))}" for s in done]
                                        + unfinished(data, system, done)) or NOT_RUN)
-        walls = [wall_seconds(data.entries.get(data.run(system, s).id, {})) for s in done]  # type: ignore[union-attr]
+        walls = [float(data.records[data.run(system, s).id]["seconds"]) for s in done]  # type: ignore
         wall = f"{statistics.mean(walls) / 60:.1f}" if walls else "–"
         lines.append(f"| {labels[system]} | {len(done)} of {len(seeds)} | " + " | ".join(cells) + f" | {wall} |")
     return lines
@@ -387,9 +391,9 @@ def unfinished(data: TaskData, system: str, done: Sequence[int]) -> List[str]:
 
 
 def wall_line(data: TaskData) -> str:
-    entries = [data.entries.get(r.id, {}) for r in finished_runs(data)]
-    total = sum(wall_seconds(entry) for entry in entries)
-    return (f"**Wall time**: {len(entries)} of {len(data.runs)} runs finished, {total / 3600:.2f} h of wall time "
+    finished = finished_runs(data)
+    total = sum(float(data.records[r.id]["seconds"]) for r in finished)  # type: ignore[arg-type]
+    return (f"**Wall time**: {len(finished)} of {len(data.runs)} runs finished, {total / 3600:.2f} h of wall time "
             "in all (the runner's clock, summed over attempts; runs side by side share the machine).")
 
 
@@ -414,10 +418,6 @@ def section(data: TaskData, settings: Settings, pictures: Pictures, extra_runs: 
     results = [evaluate(claim, data) for claim in claims_for(data.task, data.group)]
     lines += CLAIM_HEADER + [claim_row(r, labels) for r in results] + [""]
     lines += systems_table(data, labels) + [""]
-    if data.task == "lm" and data.metrics:
-        short = [f"{labels[run.system]} seed {run.seed} ({data.metrics[run.id]['epochs']:.0f})" for run in data.runs
-                 if data.metrics.get(run.id, {}).get("epochs", settings.lm_min_epochs) < settings.lm_min_epochs]
-        lines += [f"Finished runs with fewer than {settings.lm_min_epochs} epochs: {', '.join(short) or 'none'}.", ""]
     if data.signature:
         lines += [f"sacreBLEU signature: `{data.signature}`.", ""]
     main_metric = COLUMNS[data.task][0]
@@ -444,11 +444,9 @@ def budgets(task: str, settings: Settings) -> List[str]:
     if task == "translation":
         text = [translation_budget(settings)]
     elif task == "lm":
-        return [f"**Seeds**: {seeds}. **Budget**, the same wall time for every model:", "",
+        return [f"**Seeds**: {seeds}. **Budget**, the same number of epochs for every model:", "",
                 f"- LSTMs: {lm_budget(settings, LSTM_SYSTEMS[0])}.",
-                f"- Transformers: {lm_budget(settings, 'tf_vanilla')}.",
-                f"- Runs that reached fewer than {settings.lm_min_epochs} epochs in that time are listed below the "
-                "table.", ""]
+                f"- Transformers: {lm_budget(settings, 'tf_vanilla')}.", ""]
     elif task == "tagging":
         text = [tagging_budget(settings)]
     else:
@@ -508,21 +506,26 @@ RULES = [
 def how_made(settings: Settings, finished: int, planned: int) -> List[str]:
     return [
         "## How this page is made, and how to resume the runs", "",
-        f"Generated by `python examples/evidence/results.py` on {datetime.date.today().isoformat()} from the logs "
-        f"of the evidence runs in `{display(settings.out)}/` ({finished} of {planned} runs finished). Nothing on "
-        "it is typed by hand: run the script again to refresh it (the runner does at its end).", "",
+        f"Generated by `python examples/evidence/results.py` on {datetime.date.today().isoformat()} from the "
+        f"records of the evidence runs in `{display(records_root())}/` ({finished} of {planned} runs finished). "
+        "Nothing on it is typed by hand: run the script again to refresh it (the runner does at its end).", "",
+        "- **Records**: when a run finishes, the runner keeps what this page reads in "
+        "`examples/evidence/records/<run id>/`, committed with the code: `run.json` (exact command, budget, wall "
+        "time of every attempt, commit), the training log, fairseq-eval-lm / fairseq-validate logs, the "
+        "detokenized translations, the predicted dev tags. Checkpoints and binarized data stay in "
+        f"`{display(settings.out)}/` (not in git), so the runs accumulate across machines: a recorded run is "
+        "finished everywhere, and is done again only when its budget changes or its record is deleted.",
         "- **Start, or resume after an interruption**, from the repository root: "
         "`nohup bash examples/evidence/run.sh > evidence.log 2>&1 &`. Stop it with `kill -TERM <its pid>`: the "
-        "running recipes are stopped and marked interrupted. The same command carries on: a run counts as "
-        "finished only when its final artifact exists (translations with fairseq-generate's closing line, "
-        "fairseq-eval-lm's perplexity, fairseq-validate's accuracy) and is never redone; an interrupted training "
-        "resumes from its `checkpoint_last.pt`, and the recipes skip every step whose output exists.",
+        "running recipes are stopped and marked interrupted. The same command carries on: a recorded run is "
+        "never redone; on the same machine an interrupted training resumes from its `checkpoint_last.pt`, and "
+        "the recipes skip every step whose output exists.",
         "- **Progress**: `bash examples/evidence/run.sh status`; every run with its status and exact command: "
-        "`bash examples/evidence/run.sh plan`; per-run status and wall time of every attempt: "
+        "`bash examples/evidence/run.sh plan`; per-run status and wall time of every attempt on this machine: "
         f"`{display(settings.out)}/manifest.json`; each run's recipe output: `recipe.log` in its folder.",
         "- **Selection and budgets** (environment): `TASKS` (default `translation lm tagging classification`), "
         "`SEEDS` or `TRANSLATION_SEEDS` / `LM_SEEDS` / `TAGGING_SEEDS` / `CLASSIFICATION_SEEDS`, "
-        "`<TASK>_SYSTEMS`, `TAG_SETS`, `TRANSLATION_MAX_UPDATE`, `LM_MINUTES`, `LM_LSTM_LR`, `TAGGING_PATIENCE`, "
+        "`<TASK>_SYSTEMS`, `TAG_SETS`, `TRANSLATION_MAX_UPDATE`, `LM_EPOCHS`, `LM_LSTM_LR`, `TAGGING_PATIENCE`, "
         "`TAGGING_MAX_EPOCH`, `CLASSIFICATION_MAX_UPDATE`, `JOBS` (runs at once, default 2) and `THREADS` (per "
         "run, default 1), `EVIDENCE_OUT`, and the data folders `MULTI30K_DIR`, `PTB_DIR`, `EWT` (or `EWT_TRAIN` "
         "and `EWT_DEV`), `SST2` (`examples/evidence/evidence_plan.py`).", "",
@@ -547,24 +550,24 @@ def summary(claims: Sequence[Tuple[str, ClaimResult]]) -> List[str]:
 
 
 def load_settings(evidence_out: Optional[str]) -> Tuple[Settings, Dict[str, Dict[str, object]]]:
+    """The settings the records were made under (else the environment's), every task, and this machine's
+    manifest entries (empty without one)."""
     env = dict(os.environ)
     if evidence_out:
         env["EVIDENCE_OUT"] = evidence_out
-    settings = Settings.from_env(env)
+    settings = recorded_settings(Settings.from_env(env))
+    settings.tasks = list(TASKS)  # every task has its section; those not run show "not run yet"
     manifest = settings.out / "manifest.json"
     if not manifest.exists():
         return settings, {}
     with open(manifest, encoding="utf-8") as f:
-        data = json.load(f)
-    recorded = Settings.from_json({**data.get("settings", {}), "out": str(settings.out)})
-    recorded.tasks = list(TASKS)  # every task has its section; those not run show "not run yet"
-    return recorded, data.get("runs", {})
+        return settings, json.load(f).get("runs", {})
 
 
 def build_page(settings: Settings, entries: Dict[str, Dict[str, object]], pictures: Pictures,
                n_samples: int) -> str:
-    all_tasks = Settings.from_json({**settings.to_json(), "tasks": list(TASKS)})
-    runs = build_plan(all_tasks)
+    runs = build_plan(settings)
+    records = {run.id: record for run in runs for record in [read_record(run)] if record is not None}
     sections: List[str] = []
     claims: List[Tuple[str, ClaimResult]] = []
     for number, task in enumerate(TASKS, start=1):
@@ -572,11 +575,11 @@ def build_page(settings: Settings, entries: Dict[str, Dict[str, object]], pictur
         mine = [r for r in runs if r.task == task and r.seed is not None]
         groups = settings.tag_sets if task == "tagging" else [""]
         for group in groups:
-            data = TaskData(task, group, [r for r in mine if r.group == group], entries)
+            data = TaskData(task, group, [r for r in mine if r.group == group], records, entries)
             extra: List[Run] = []
             if task == "translation":
                 prep = next(r for r in runs if r.id == "translation/data")
-                read_translation(data, prep if prep.finished() else None, n_samples)
+                read_translation(data, prep if prep.id in records else None, n_samples)
                 extra = [prep]
             elif task == "lm":
                 read_simple(data, readers.lm_metrics)
@@ -588,11 +591,10 @@ def build_page(settings: Settings, entries: Dict[str, Dict[str, object]], pictur
             result = section(data, settings, pictures, extra)
             sections += result.lines
             claims += result.claims
-    finished = sum(r.finished() for r in runs)
     head = ["# Results: do the papers' claims hold here?", "",
             "Every number on this page comes from the logs of the evidence runs "
             "(`examples/evidence/`); rows without finished runs say so."]
-    return "\n".join(head + [""] + how_made(settings, finished, len(runs)) + RULES + summary(claims) + sections)
+    return "\n".join(head + [""] + how_made(settings, len(records), len(runs)) + RULES + summary(claims) + sections)
 
 
 def main(argv: Optional[List[str]] = None) -> int:

@@ -1,4 +1,5 @@
-"""What each finished evidence run measured, read from the files its recipe wrote.
+"""What each finished evidence run measured, read from its record (:mod:`records`: the files the runner
+keeps of it in ``examples/evidence/records/<run id>/``).
 
 Per run a dictionary of metrics (``bleu_test``, ``test_ppl``, ``accuracy``, ``final_accuracy``, ...) and
 its learning curve; per pair of runs of one seed the paired bootstrap p-value: sacrebleu's for BLEU
@@ -6,8 +7,8 @@ its learning curve; per pair of runs of one seed the paired bootstrap p-value: s
 tagging accuracy (:func:`paired_accuracy_bootstrap`).
 
 A training interrupted and resumed leaves its earlier logs as ``<log>.attempt<N>`` (the runner keeps
-them; the recipe starts a new log): a curve reads them in order, a later validation of the same x
-replacing an earlier one.
+them; the recipe starts a new log, and the record joins them in order): a curve reads them in order, a
+later validation of the same x replacing an earlier one.
 """
 
 import importlib.util
@@ -19,9 +20,10 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from evidence_plan import REPO, Run
+from evidence_plan import REPO
+from records import TRAIN_LOG
 
-from fairseq_posattn.data.generate_output import score_generate_output
+from fairseq_posattn.data.generate_output import bleu as corpus_bleu
 from fairseq_posattn.data.significance import MetricComparison, paired_bootstrap, read_references, read_system
 from fairseq_posattn.data.tagged_corpus import read_tagged_conllu
 from fairseq_posattn.inspect.learning_curves import read_validations
@@ -79,25 +81,23 @@ def training_hours_by_epoch(log: Optional[Path]) -> Dict[int, float]:
 
 
 # --------------------------------------------------------------------------------- per-task metrics
-def lm_metrics(run: Run) -> Dict[str, float]:
-    logs = run.out_dir / "logs"
-    valid = LM_TABLE.parse_eval(LM_TABLE.read(str(logs / f"eval.{run.system}.valid.log")))
-    test = LM_TABLE.parse_eval(LM_TABLE.read(str(logs / f"eval.{run.system}.test.log")))
+def lm_metrics(record: Path) -> Dict[str, float]:
+    valid = LM_TABLE.parse_eval(LM_TABLE.read(str(record / "eval.valid.log")))
+    test = LM_TABLE.parse_eval(LM_TABLE.read(str(record / "eval.test.log")))
     metrics = {"valid_ppl": valid.get("ppl"), "test_ppl": test.get("ppl"), "test_tokens": test.get("tokens")}
-    epochs = validations(run.train_log, "epoch")
+    epochs = validations(record / TRAIN_LOG, "epoch")
     if epochs:
         metrics["epochs"] = max(epochs)
-    hours = training_hours_by_epoch(run.train_log)
+    hours = training_hours_by_epoch(record / TRAIN_LOG)
     if hours:
         metrics["train_hours"] = hours[max(hours)]
     return {k: float(v) for k, v in metrics.items() if v is not None}
 
 
-def tagging_metrics(run: Run) -> Dict[str, float]:
-    run_dir = run.out_dir / "runs" / run.system / f"seed{run.seed}"
-    scores = TAGGING_TABLE.read_validation(str(run_dir / "validate.log"))["valid"]
+def tagging_metrics(record: Path) -> Dict[str, float]:
+    scores = TAGGING_TABLE.read_validation(str(record / "validate.log"))["valid"]
     metrics = dict(scores)
-    by_epoch = validations(run.train_log, "epoch")
+    by_epoch = validations(record / TRAIN_LOG, "epoch")
     if by_epoch:
         metrics["epochs"] = max(by_epoch)
         first = by_epoch.get(1.0, {})
@@ -109,14 +109,13 @@ def tagging_metrics(run: Run) -> Dict[str, float]:
 VALIDATE_ACCURACY = re.compile(r"valid on 'valid' subset \|.*?\| accuracy ([0-9.]+)")
 
 
-def classification_metrics(run: Run) -> Dict[str, float]:
-    run_dir = run.out_dir / "runs" / run.system / f"seed{run.seed}"
+def classification_metrics(record: Path) -> Dict[str, float]:
     metrics: Dict[str, float] = {}
-    with open(run_dir / "validate.log", encoding="utf-8", errors="replace") as f:
+    with open(record / "validate.log", encoding="utf-8", errors="replace") as f:
         found = VALIDATE_ACCURACY.findall(f.read())
     if found:
         metrics["best_accuracy"] = float(found[-1])
-    points = curve(run.train_log, "accuracy", "num_updates")
+    points = curve(record / TRAIN_LOG, "accuracy", "num_updates")
     if points:
         metrics["final_accuracy"] = points[-1][1]
     return metrics
@@ -133,37 +132,42 @@ class BleuComparison:
     signature: str
 
 
-def translations(run: Run, subset: str) -> Path:
-    return run.out_dir / "generate" / f"row{run.system}" / f"generate-{subset}.txt"
+def translations(record: Path, subset: str) -> Path:
+    """A recorded run's detokenized translations of ``subset``, one per reference line."""
+    return record / f"hypotheses.{subset}.de"
 
 
-def bleu(run: Run, subset: str, ref_path: Path) -> float:
-    """sacreBLEU of one run's translations of ``subset``."""
-    return score_generate_output(str(translations(run, subset)), str(ref_path), "de").score
+def bleu(record: Path, subset: str, ref_path: Path) -> float:
+    """sacreBLEU of one recorded run's translations of ``subset``."""
+    references = read_references([str(ref_path)])[0]
+    return corpus_bleu(read_system(str(translations(record, subset)), "de", str(ref_path), len(references), "text"),
+                       references).score
 
 
-def compare_translations(reference: Run, systems: Sequence[Run], subset: str, ref_path: Path,
-                         n_samples: int) -> BleuComparison:
-    """sacreBLEU of ``reference`` and ``systems`` (runs of one seed) and each system's paired bootstrap
-    p-value against ``reference``."""
+def compare_translations(reference: Tuple[str, Path], systems: Sequence[Tuple[str, Path]], subset: str,
+                         ref_path: Path, n_samples: int) -> BleuComparison:
+    """sacreBLEU of ``reference`` and ``systems`` (``(system, record)`` of one seed) and each system's paired
+    bootstrap p-value against ``reference``."""
     references = read_references([str(ref_path)])
     n_lines = len(references[0])
-    named = [(run.system, read_system(str(translations(run, subset)), "de", str(ref_path), n_lines))
-             for run in [reference, *systems]]
+    named = [(system, read_system(str(translations(record, subset)), "de", str(ref_path), n_lines, "text"))
+             for system, record in [reference, *systems]]
     result: MetricComparison = paired_bootstrap(named, references, "sacreBLEU", n_samples=n_samples)
-    return BleuComparison(reference.system, {r.name: r.score for r in result.results},
+    return BleuComparison(reference[0], {r.name: r.score for r in result.results},
                           {r.name: r.p_value for r in result.results}, result.signature)
 
 
 # --------------------------------------------------------------------------------- tagging significance
 def sentence_counts(gold_path: str, predicted_path: str, column: str) -> Tuple[np.ndarray, np.ndarray]:
-    """Per dev sentence: words tagged right, and words."""
-    gold = list(read_tagged_conllu(gold_path, column))
-    predicted = list(read_tagged_conllu(predicted_path, column))
-    if [s.words for s in gold] != [s.words for s in predicted]:
-        raise ValueError(f"{predicted_path} does not hold the words of {gold_path} sentence by sentence")
-    right = np.array([sum(g == p for g, p in zip(s.tags, t.tags)) for s, t in zip(gold, predicted)])
-    return right, np.array([len(s.tags) for s in gold])
+    """Per dev sentence: words tagged right, and words. ``predicted_path``: a record's predicted tags, one
+    sentence per line (:class:`evidence_plan.Kept`)."""
+    gold = [s.tags for s in read_tagged_conllu(gold_path, column)]
+    with open(predicted_path, encoding="utf-8") as f:
+        predicted = [line.split() for line in f.read().splitlines()]
+    if [len(tags) for tags in gold] != [len(tags) for tags in predicted]:
+        raise ValueError(f"{predicted_path} does not hold one tag per word of {gold_path}, sentence by sentence")
+    right = np.array([sum(g == p for g, p in zip(tags, guess)) for tags, guess in zip(gold, predicted)])
+    return right, np.array([len(tags) for tags in gold])
 
 
 def paired_accuracy_bootstrap(system: np.ndarray, baseline: np.ndarray, words: np.ndarray,

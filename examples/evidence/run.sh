@@ -9,7 +9,7 @@
 #   bash examples/evidence/run.sh plan | status                   # the runs and their commands / progress
 #
 # Settings (environment): TASKS, SEEDS or <TASK>_SEEDS, <TASK>_SYSTEMS, TAG_SETS, TRANSLATION_MAX_UPDATE,
-# LM_MINUTES, LM_LSTM_LR, TAGGING_PATIENCE, TAGGING_MAX_EPOCH, CLASSIFICATION_MAX_UPDATE, MAX_UPDATE (cap, smoke
+# LM_EPOCHS, LM_LSTM_LR, TAGGING_PATIENCE, TAGGING_MAX_EPOCH, CLASSIFICATION_MAX_UPDATE, MAX_UPDATE (cap, smoke
 # runs), JOBS, THREADS, EVIDENCE_OUT and the data folders MULTI30K_DIR, PTB_DIR, EWT (or EWT_TRAIN and
 # EWT_DEV), SST2 (examples/evidence/evidence_plan.py).
 set -euo pipefail

@@ -1,0 +1,135 @@
+"""The evidence runs' records: what each finished run measured, kept in git beside the code.
+
+A recipe writes its checkpoints, binarized data and full outputs under ``EVIDENCE_OUT`` (not in git: a
+fresh clone or another machine has none of it). When a run finishes, the runner copies what the
+results page reads into ``examples/evidence/records/<run id>/``, small plain-text files that are
+committed, so that the evidence accumulates across machines and sessions:
+
+- ``run.json``: the run's id, exact command, budget, the wall time of every attempt, when it was
+  recorded and the commit it ran;
+- ``train.log``: its fairseq-train log (the logs of interrupted attempts first, in order);
+- what the task is scored on: fairseq-eval-lm / fairseq-validate logs; the detokenized translations
+  of the validation and test sets (sacreBLEU's input, for BLEU and the paired bootstrap); the
+  predicted dev tags, one sentence per line (for the tagging bootstrap); the references of Multi30k
+  (the preparation run's record).
+
+A run counts as finished, for the runner and for the page, when its record exists with the budget the
+plan gives it now; a record made under another budget is ignored and the run is done again. Delete a
+record to run it again. ``EVIDENCE_RECORDS`` moves the folder (the tests use their own).
+"""
+
+import datetime
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Dict, Iterable, List, Mapping, Optional
+
+from evidence_plan import REPO, Run, Settings
+
+RUN_FILE = "run.json"
+TRAIN_LOG = "train.log"
+SETTINGS_FILE = "settings.json"
+
+
+def records_root(env: Mapping[str, str] = os.environ) -> Path:
+    return Path(env.get("EVIDENCE_RECORDS") or REPO / "examples" / "evidence" / "records").resolve()
+
+
+def record_dir(run: Run, root: Optional[Path] = None) -> Path:
+    return (root or records_root()) / run.id
+
+
+def read_record(run: Run, root: Optional[Path] = None) -> Optional[Dict[str, object]]:
+    """The run's ``run.json`` if its record exists and was made under the run's present budget."""
+    path = record_dir(run, root) / RUN_FILE
+    try:
+        with open(path, encoding="utf-8") as f:
+            record = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return record if record.get("budget") == run.budget else None
+
+
+def is_recorded(run: Run, root: Optional[Path] = None) -> bool:
+    return read_record(run, root) is not None
+
+
+def without_machine_paths(line: str) -> str:
+    """A log line with this machine's paths made relative: the repository's to it, its siblings' (the shared
+    data) to ``../``, the home folder to ``~``."""
+    for path, shown in ((REPO, ""), (REPO.parent, "../"), (Path.home(), "~/")):
+        line = line.replace(f"{path}/", shown)
+    return line
+
+
+def train_log_lines(run: Run) -> List[str]:
+    """The training log of every attempt, oldest first (``<log>.attempt1``, ..., ``<log>``)."""
+    from results_readers import attempt_logs
+
+    lines: List[str] = []
+    for path in attempt_logs(run.train_log):
+        with open(path, encoding="utf-8", errors="replace") as f:
+            lines += f.read().splitlines()
+    return lines
+
+
+def current_commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return ""
+
+
+def write_record(run: Run, attempts: Iterable[Mapping[str, object]], root: Optional[Path] = None) -> Path:
+    """Record a finished run (replacing an older record of it) and return its folder. The files are written
+    into a temporary folder beside it and moved in place at once: a record is complete or absent."""
+    final = record_dir(run, root)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    temporary = final.with_name(f".{final.name}.tmp-{os.getpid()}")
+    shutil.rmtree(temporary, ignore_errors=True)
+    temporary.mkdir()
+    try:
+        files = {k.name: k.lines() for k in run.kept}
+        if run.train_log is not None:
+            files[TRAIN_LOG] = train_log_lines(run)
+        for name, lines in files.items():
+            (temporary / name).write_text("".join(without_machine_paths(line) + "\n" for line in lines),
+                                          encoding="utf-8")
+        attempts = [dict(a) for a in attempts]
+        meta = {"id": run.id, "task": run.task, "system": run.system, "seed": run.seed, "group": run.group,
+                "command": without_machine_paths(run.shell()), "budget": run.budget, "attempts": attempts,
+                "seconds": round(sum(float(a.get("seconds", 0.0)) for a in attempts), 1),
+                "recorded": datetime.datetime.now().isoformat(timespec="seconds"), "commit": current_commit()}
+        (temporary / RUN_FILE).write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+        old = final.with_name(f".{final.name}.old-{os.getpid()}")
+        if final.exists():
+            final.rename(old)
+        temporary.rename(final)
+        shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(temporary, ignore_errors=True)
+        raise
+    return final
+
+
+def save_settings(settings: Settings, root: Optional[Path] = None) -> None:
+    """The plan's settings beside the records, without this machine's paths: the page plans from them."""
+    values = {k: v for k, v in settings.to_json().items() if k not in ("out", "data", "tasks")}
+    root = root or records_root()
+    root.mkdir(parents=True, exist_ok=True)
+    temporary = root / f".{SETTINGS_FILE}.tmp-{os.getpid()}"
+    temporary.write_text(json.dumps(values, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    temporary.rename(root / SETTINGS_FILE)
+
+
+def load_settings(base: Settings, root: Optional[Path] = None) -> Settings:
+    """``base`` (the environment's settings) with the seeds, systems and budgets the records were made under."""
+    path = (root or records_root()) / SETTINGS_FILE
+    if not path.exists():
+        return base
+    with open(path, encoding="utf-8") as f:
+        saved = json.load(f)
+    return Settings.from_json({**base.to_json(), **saved, "out": str(base.out)})
