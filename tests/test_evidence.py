@@ -106,6 +106,32 @@ def test_every_planned_system_has_flags_in_its_recipe(tmp_path):
     assert set(plan.SYSTEMS["lm"]) <= models
 
 
+def test_a_record_is_complete_or_absent(tmp_path):
+    """A translation run whose output does not cover its references: no record, no temporary left, and the
+    error names both files; with the missing hypothesis added, a record of detokenized text."""
+    import records
+
+    reference = tmp_path / "test.de"
+    reference.write_text("Ein Hund läuft.\nZwei Männer, die reden.\nEine Frau.\n", encoding="utf-8")
+    generated = tmp_path / "generate-test.txt"
+    lines = ["H-1\t-0.2\tZwei Männer , die reden .", "H-0\t-0.1\tEin Hund läuft ."]
+    generated.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    run = plan.Run(id="translation/4/seed9", task="translation", system="4", seed=9, group="", out_dir=tmp_path,
+                   recipe=plan.RECIPES["translation"], args=(), env={}, budget="b",
+                   kept=(plan.Kept("hypotheses.test.de", generated, translations_of=reference),))
+    root = tmp_path / "records"
+    with pytest.raises(ValueError, match=f"{generated}.*{reference}|{reference}.*{generated}"):
+        records.write_record(run, [{"seconds": 1.0}], root)
+    assert not records.is_recorded(run, root) and [p.name for p in (root / "translation" / "4").iterdir()] == []
+    generated.write_text("\n".join(lines + ["H-2\t-0.3\tEine Frau ."]) + "\n", encoding="utf-8")
+    folder = records.write_record(run, [{"seconds": 1.5}, {"seconds": 2.0}], root)
+    assert (folder / "hypotheses.test.de").read_text(encoding="utf-8").splitlines() == [
+        "Ein Hund läuft.", "Zwei Männer, die reden.", "Eine Frau."]
+    assert records.read_record(run, root)["seconds"] == 3.5
+    run.budget = "another budget"
+    assert not records.is_recorded(run, root)  # made under another budget: not finished
+
+
 def test_a_second_runner_on_the_same_folder_is_refused(tmp_path):
     import evidence
 

@@ -141,9 +141,7 @@ class Runner:
         for run in self.runs:
             entry = self.manifest.entry(run)
             if run.finished():
-                if not is_recorded(run):
-                    write_record(run, entry["attempts"])  # type: ignore[arg-type]
-                entry["status"] = FINISHED
+                entry["status"] = FINISHED if is_recorded(run) or record(run, entry["attempts"]) else FAILED
             elif is_recorded(run) and run.id not in needed:
                 entry["status"] = FINISHED
             elif entry["status"] == RUNNING:
@@ -191,14 +189,15 @@ class Runner:
         del self.running[run.id]
         complete = run.finished()  # its final artifacts: even if a later step (a summary table) failed or was stopped
         status = FINISHED if complete else INTERRUPTED if interrupted else FAILED
-        entry["attempts"][-1].update(end=now(), seconds=round(seconds, 1), returncode=returncode,  # type: ignore
-                                     outcome=status)
+        attempts = entry["attempts"]
+        attempts[-1].update(end=now(), seconds=round(seconds, 1), returncode=returncode,  # type: ignore[index]
+                            outcome=status)
+        if complete and not record(run, attempts):  # type: ignore[arg-type]
+            status = attempts[-1]["outcome"] = FAILED  # type: ignore[index]
         entry["status"] = status
         entry.pop("pgid", None)
         entry.pop("pgid_start", None)
         self.manifest.save(self.settings)
-        if complete:
-            log(f"recorded {run.id} in {write_record(run, entry['attempts'])}")  # type: ignore[arg-type]
         if complete and returncode != 0:
             log(f"{run.id}: the recipe exited with status {returncode} after writing its final artifacts")
         why = "" if complete or interrupted else (
@@ -268,13 +267,23 @@ class Runner:
         return 0 if counts.get(FINISHED, 0) == len(self.runs) else 1
 
 
-def record_finished(settings: Settings, runs: List[Run]) -> None:
-    """Record every run finished on disk and not recorded yet (a runner records the runs it finishes)."""
+def record(run: Run, attempts: List[Dict[str, object]]) -> bool:
+    """Record a run finished on disk; False (and why, in the log) if its outputs cannot be read."""
+    try:
+        log(f"recorded {run.id} in {write_record(run, attempts)}")
+        return True
+    except (OSError, ValueError) as error:
+        log(f"{run.id}: finished, but its record could not be made: {error}")
+        return False
+
+
+def record_finished(settings: Settings, runs: List[Run]) -> int:
+    """Record every run finished on disk and not recorded yet (a runner records the runs it finishes);
+    the exit status: 1 if a record could not be made."""
     manifest = Manifest(settings.out / MANIFEST)
-    for run in runs:
-        if run.finished() and not is_recorded(run):
-            attempts = manifest.runs.get(run.id, {}).get("attempts", [])
-            log(f"recorded {run.id} in {write_record(run, attempts)}")  # type: ignore[arg-type]
+    made = [record(run, manifest.runs.get(run.id, {}).get("attempts", []))  # type: ignore[arg-type]
+            for run in runs if run.finished() and not is_recorded(run)]
+    return 0 if all(made) else 1
 
 
 def print_plan(settings: Settings, runs: List[Run]) -> None:
@@ -328,8 +337,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         print_status(settings, runs)
         return 0
     if args.action == "record":
-        record_finished(settings, runs)
-        return 0
+        return record_finished(settings, runs)
     with exclusive(settings.out):
         save_settings(settings)
         runner = Runner(settings, runs)
