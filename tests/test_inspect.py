@@ -234,6 +234,9 @@ def test_a_kind_the_model_lacks_is_refused(corpus, trained, tmp_path):
     with pytest.raises(SystemExit, match="nothing to draw for lstm"):
         inspect_main([corpus["data_bin"], "--path", trained, "--index", "0", "--output-dir", str(tmp_path),
                       "--kinds", "structure", "lstm"])
+    missing = os.path.join(str(tmp_path), "checkpoint_missing.pt")  # one line naming the file, status 1
+    with pytest.raises(SystemExit, match=rf"^posattn-inspect: error: .*{missing}"):
+        inspect_main([corpus["data_bin"], "--path", missing, "--index", "0", "--output-dir", str(tmp_path)])
 
 
 @pytest.mark.slow

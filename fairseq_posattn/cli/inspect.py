@@ -21,14 +21,13 @@ import argparse
 import json
 import logging
 import os
-import sys
 from typing import Any, List, Optional, Tuple
 
 from fairseq import checkpoint_utils, tasks
 from omegaconf import open_dict
 from torch import nn
 
-from fairseq_posattn.cli import setup_logging
+from fairseq_posattn.cli import reported_errors, setup_logging
 from fairseq_posattn.inspect.capture import (Inspection, add_decoder_input, dataset_sample, inspect_model,
                                              kinds, sentence_sample)
 
@@ -116,10 +115,8 @@ def run(args: argparse.Namespace) -> List[str]:
 def main(argv: Optional[List[str]] = None) -> None:
     args = build_parser().parse_args(argv)
     setup_logging()
-    try:
+    with reported_errors("posattn-inspect", IndexError):
         paths = run(args)
-    except (ValueError, IndexError, OSError) as e:
-        sys.exit(f"posattn-inspect: error: {e}")
     for path in paths:
         print(path)
 

@@ -16,13 +16,11 @@ import argparse
 import json
 import logging
 import os
-import sys
 from typing import List, Optional, Tuple
 
-from fairseq_posattn.cli import setup_logging
+from fairseq_posattn.cli import reported_errors, setup_logging
 from fairseq_posattn.inspect.learning_curves import (
     X_CHOICES,
-    LogError,
     curves_json,
     draw,
     lower_is_better,
@@ -78,10 +76,8 @@ def run(args: argparse.Namespace) -> str:
 def main(argv: Optional[List[str]] = None) -> None:
     args = build_parser().parse_args(argv)
     setup_logging()
-    try:
+    with reported_errors("posattn-learning-curves"):
         table = run(args)
-    except (LogError, OSError) as e:
-        sys.exit(f"posattn-learning-curves: error: {e}")
     print(table, end="")
 
 
