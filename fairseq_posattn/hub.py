@@ -9,6 +9,8 @@ directory + keyword overrides), the interface depends on the checkpoint's task:
 - language models (``language_modeling``): :class:`LanguageModelHubInterface`, fairseq's interface
   whose ``score`` and ``perplexity`` score a sentence as ``fairseq-eval-lm --sample-break-mode eos`` does.
 - the tagger (``pos_tagging``): :class:`TaggerHubInterface`, ``tag`` as ``posattn-tag`` tags.
+- sentence classifiers (``sentence_prediction``): :class:`ClassifierHubInterface`, ``predict`` and
+  ``probabilities`` of the labels, as fairseq-validate classifies.
 
 :func:`from_pretrained` loads any of them without naming the architecture.
 """
@@ -20,8 +22,10 @@ import torch
 from fairseq import hub_utils, utils
 from fairseq.data import MonolingualDataset, TokenBlockDataset
 from fairseq.hub_utils import GeneratorHubInterface
+from fairseq.data.data_utils import collate_tokens
 from fairseq.sequence_scorer import SequenceScorer
 from fairseq.tasks.language_modeling import LanguageModelingTask
+from fairseq.tasks.sentence_prediction import SentencePredictionTask
 from torch import nn
 
 from fairseq_posattn.tasks.pos_tagging import PosTaggingTask
@@ -47,6 +51,8 @@ def hub_interface(cfg: Any, task: Any, models: List[nn.Module]) -> nn.Module:
     _languages_of_task(cfg, task)
     if isinstance(task, PosTaggingTask):
         return TaggerHubInterface(cfg, task, models)
+    if isinstance(task, SentencePredictionTask):
+        return ClassifierHubInterface(cfg, task, models)
     if isinstance(task, LanguageModelingTask):
         return LanguageModelHubInterface(cfg, task, models)
     return GeneratorHubInterface(cfg, task, models)
@@ -170,3 +176,79 @@ class TaggerHubInterface(nn.Module):
             return self.tag([sentences], batch_size)[0]
         words = [sentence.split() if isinstance(sentence, str) else list(sentence) for sentence in sentences]
         return self.task.tag_sentences(self.models[0], words, batch_size)
+
+
+class ClassifierHubInterface(nn.Module):
+    """Labels of sentences from a classifier trained with ``--task sentence_prediction`` (e.g.
+    ``transformer_posattn_classifier``): each sentence binarized as fairseq-preprocess binarized the
+    training sentences (the words as written, end of sentence appended, ``--init-token`` prepended if the
+    task has one), right-padded in batches as the task pads them, through the task's classification head.
+    Sentences are given as they were prepared (SST-2: tokenized, lower-cased); pairs of sentences and
+    regression targets are not supported.
+    """
+
+    def __init__(self, cfg: Any, task: SentencePredictionTask, models: List[nn.Module]):
+        super().__init__()
+        if len(models) != 1:
+            raise ValueError(f"the classifier's hub interface takes one checkpoint, got {len(models)} "
+                             "(checkpoint_file names several, separated by ':')")
+        if task.cfg.regression_target:
+            raise ValueError("the checkpoint predicts a regression target, not labels: ClassifierHubInterface "
+                             "returns labels only")
+        self.cfg = cfg
+        self.task = task
+        self.models = nn.ModuleList(models)
+        self.models[0].eval()
+        self.register_buffer("_float_tensor", torch.tensor([0], dtype=torch.float))
+
+    @property
+    def device(self) -> torch.device:
+        return self._float_tensor.device
+
+    @property
+    def labels(self) -> List[str]:
+        """The labels in the order of the head's outputs (fairseq's label index = dictionary index -
+        ``nspecial``)."""
+        dictionary = self.task.label_dictionary
+        return [dictionary[dictionary.nspecial + i] for i in range(self.task.cfg.num_classes)]
+
+    def encode(self, sentence: str) -> torch.LongTensor:
+        """The token ids the model reads for ``sentence``; raises ValueError past the model's positions."""
+        tokens = self.task.source_dictionary.encode_line(sentence, add_if_not_exist=False, append_eos=True).long()
+        if self.task.cfg.init_token is not None:
+            tokens = torch.cat([tokens.new_tensor([self.task.cfg.init_token]), tokens])
+        limit = self.models[0].max_positions()
+        if isinstance(limit, int) and len(tokens) > limit:
+            raise ValueError(f"{sentence[:60]!r}... has {len(tokens)} tokens with its end of sentence; the model "
+                             f"reads at most {limit} (--max-positions)")
+        return tokens
+
+    def probabilities(self, sentences: Union[str, Sequence[str]], batch_size: int = 64
+                      ) -> Union[Dict[str, float], List[Dict[str, float]]]:
+        """Per sentence (a string: that one's) the softmax of the head's logits, by label."""
+        if isinstance(sentences, str):
+            return self.probabilities([sentences], batch_size)[0]
+        labels = self.labels
+        return [dict(zip(labels, row.tolist())) for row in self._probabilities(list(sentences), batch_size)]
+
+    def predict(self, sentences: Union[str, Sequence[str]], batch_size: int = 64) -> Union[str, List[str]]:
+        """The most probable label of each sentence (a string: that one's)."""
+        if isinstance(sentences, str):
+            return self.predict([sentences], batch_size)[0]
+        labels = self.labels
+        return [labels[i] for i in self._probabilities(list(sentences), batch_size).argmax(-1).tolist()]
+
+    @torch.no_grad()
+    def _probabilities(self, sentences: List[str], batch_size: int) -> torch.Tensor:
+        """``(sentences, labels)`` probabilities in fp32, batch by batch in the given order."""
+        pad = self.task.source_dictionary.pad()
+        head = self.task.cfg.classification_head_name
+        rows = []
+        for start in range(0, len(sentences), batch_size):
+            tokens = [self.encode(sentence) for sentence in sentences[start:start + batch_size]]
+            src_tokens = collate_tokens(tokens, pad_idx=pad).to(self.device)
+            src_lengths = torch.tensor([len(t) for t in tokens], device=self.device)
+            logits, _ = self.models[0](src_tokens, src_lengths=src_lengths, features_only=True,
+                                       classification_head_name=head)
+            rows.append(torch.softmax(logits.float(), dim=-1).cpu())
+        return torch.cat(rows) if rows else torch.zeros(0, len(self.labels))

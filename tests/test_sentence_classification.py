@@ -207,9 +207,33 @@ def test_recipe_preprocess_train_validate_on_the_sample(tmp_path):
         # a fresh process, the reloaded best checkpoint, every one of the 200 dev sentences
         assert float(re.search(r"\| accuracy ([0-9.]+)", validated).group(1)) == curve.best(False)[1]
         assert "| bsz 200" in validated
+        check_hub_predictions(run, os.path.join(out, "data-bin"), validated)
     with open(os.path.join(out, "results.md"), encoding="utf-8") as f:
         table = f.read()
     assert [line.split(" | ")[0] for line in table.splitlines()[2:]] == [
         "| Transformer", "| Transformer-RPR", "| DA-Transformer"]
     with open(os.path.join(out, "learning_curves.png"), "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def check_hub_predictions(run: str, data_bin: str, validated: str) -> None:
+    """The hub interface of a trained classifier labels the dev sentences as fairseq-validate does: its
+    accuracy on them is the accuracy fairseq-validate printed, and its probabilities are distributions."""
+    from fairseq_posattn.hub import ClassifierHubInterface, from_pretrained
+
+    hub = PositionAwareTransformerClassifier.from_pretrained(
+        os.path.join(run, "checkpoints"), checkpoint_file="checkpoint_best.pt", data_name_or_path=data_bin)
+    assert isinstance(hub, ClassifierHubInterface) and sorted(hub.labels) == ["0", "1"]
+    with open(os.path.join(SST2, "stsa.binary.dev"), encoding="utf-8") as f:
+        gold, sentences = zip(*(line.rstrip("\n").split(" ", 1) for line in f))
+    predicted = hub.predict(list(sentences), batch_size=37)
+    accuracy = 100 * sum(p == g for p, g in zip(predicted, gold)) / len(gold)
+    assert abs(accuracy - float(re.search(r"\| accuracy ([0-9.]+)", validated).group(1))) < 0.05, validated
+    one = hub.probabilities(sentences[0])
+    assert set(one) == {"0", "1"} and abs(sum(one.values()) - 1) < 1e-6
+    assert hub.predict(sentences[0]) == max(one, key=one.get) == predicted[0]
+    same = from_pretrained(os.path.join(run, "checkpoints"), "checkpoint_best.pt", data_bin)  # by the task
+    assert same.predict(list(sentences[:5])) == predicted[:5]
+    limit = hub.models[0].max_positions()
+    with pytest.raises(ValueError, match=f"has {limit + 1} tokens .* reads at most {limit}"):
+        hub.predict(" ".join(["good"] * limit))

@@ -6,7 +6,8 @@ from typing import Dict
 class PosattnHubMixin:
     """Put first among a model's bases: its ``from_pretrained`` returns the interface of the checkpoint's
     family (fairseq's ``translate`` / ``sample`` / ``generate``; ``score`` / ``perplexity`` as
-    fairseq-eval-lm scores; ``tag`` as posattn-tag tags). There are no published checkpoints, so
+    fairseq-eval-lm scores; ``tag`` as posattn-tag tags; ``predict`` / ``probabilities`` of a sentence
+    classifier). There are no published checkpoints, so
     ``hub_models`` is empty: the names fairseq's own architectures list would load fairseq's models."""
 
     @classmethod

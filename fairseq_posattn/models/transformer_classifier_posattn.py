@@ -34,6 +34,7 @@ from fairseq.models.transformer import Embedding, TransformerConfig
 from fairseq.utils import safe_getattr
 from torch import Tensor, nn
 
+from fairseq_posattn.models.hub_loading import PosattnHubMixin
 from fairseq_posattn.models.position_aware_transformer import (
     PositionAwareTransformerEncoder,
     add_layer_wrapping_args,
@@ -80,7 +81,7 @@ class PooledClassificationHead(nn.Module):
 
 
 @register_model("transformer_posattn_classifier")
-class PositionAwareTransformerClassifier(FairseqEncoderModel):
+class PositionAwareTransformerClassifier(PosattnHubMixin, FairseqEncoderModel):
     """Encoder plus named classification heads, as fairseq's sentence_prediction task expects."""
 
     def __init__(self, args: argparse.Namespace, encoder: nn.Module):
