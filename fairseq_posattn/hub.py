@@ -140,18 +140,15 @@ class LanguageModelHubInterface(GeneratorHubInterface):
         return {**hypo, "tokens": hypo["tokens"][1:], "positional_scores": scores, "score": scores.mean()}
 
 
-class TaggerHubInterface(nn.Module):
-    """Part-of-speech tags of tokenized sentences from a ``san_tagger`` checkpoint (``--task pos_tagging``).
+class SingleModelHubInterface(nn.Module):
+    """The interface of one model in evaluation mode, its task and config; ``.cuda()`` moves it."""
 
-    Words are given as the treebank tokenizes them (no tokenizer is applied); sentences longer than
-    the prepared ``--max-length`` are tagged in consecutive pieces, as ``posattn-tag`` and training do
-    (:meth:`fairseq_posattn.tasks.pos_tagging.PosTaggingTask.tag_sentences`).
-    """
+    family = "model"
 
-    def __init__(self, cfg: Any, task: PosTaggingTask, models: List[nn.Module]):
+    def __init__(self, cfg: Any, task: Any, models: List[nn.Module]):
         super().__init__()
         if len(models) != 1:
-            raise ValueError(f"the tagger's hub interface takes one checkpoint, got {len(models)} "
+            raise ValueError(f"the {self.family}'s hub interface takes one checkpoint, got {len(models)} "
                              "(checkpoint_file names several, separated by ':')")
         self.cfg = cfg
         self.task = task
@@ -162,6 +159,17 @@ class TaggerHubInterface(nn.Module):
     @property
     def device(self) -> torch.device:
         return self._float_tensor.device
+
+
+class TaggerHubInterface(SingleModelHubInterface):
+    """Part-of-speech tags of tokenized sentences from a ``san_tagger`` checkpoint (``--task pos_tagging``).
+
+    Words are given as the treebank tokenizes them (no tokenizer is applied); sentences longer than
+    the prepared ``--max-length`` are tagged in consecutive pieces, as ``posattn-tag`` and training do
+    (:meth:`fairseq_posattn.tasks.pos_tagging.PosTaggingTask.tag_sentences`).
+    """
+
+    family = "tagger"
 
     @property
     def tag_column(self) -> str:
@@ -178,7 +186,7 @@ class TaggerHubInterface(nn.Module):
         return self.task.tag_sentences(self.models[0], words, batch_size)
 
 
-class ClassifierHubInterface(nn.Module):
+class ClassifierHubInterface(SingleModelHubInterface):
     """Labels of sentences from a classifier trained with ``--task sentence_prediction`` (e.g.
     ``transformer_posattn_classifier``): each sentence binarized as fairseq-preprocess binarized the
     training sentences (the words as written, end of sentence appended, ``--init-token`` prepended if the
@@ -187,23 +195,13 @@ class ClassifierHubInterface(nn.Module):
     regression targets are not supported.
     """
 
+    family = "classifier"
+
     def __init__(self, cfg: Any, task: SentencePredictionTask, models: List[nn.Module]):
-        super().__init__()
-        if len(models) != 1:
-            raise ValueError(f"the classifier's hub interface takes one checkpoint, got {len(models)} "
-                             "(checkpoint_file names several, separated by ':')")
         if task.cfg.regression_target:
             raise ValueError("the checkpoint predicts a regression target, not labels: ClassifierHubInterface "
                              "returns labels only")
-        self.cfg = cfg
-        self.task = task
-        self.models = nn.ModuleList(models)
-        self.models[0].eval()
-        self.register_buffer("_float_tensor", torch.tensor([0], dtype=torch.float))
-
-    @property
-    def device(self) -> torch.device:
-        return self._float_tensor.device
+        super().__init__(cfg, task, models)
 
     @property
     def labels(self) -> List[str]:
