@@ -95,7 +95,8 @@ class Settings:
         """``EVIDENCE_OUT`` (default ``evidence-output/`` in the repository), ``TASKS``, ``SEEDS`` (all
         tasks) or ``TRANSLATION_SEEDS`` / ``LM_SEEDS`` / ``TAGGING_SEEDS`` / ``CLASSIFICATION_SEEDS``,
         ``TRANSLATION_SYSTEMS`` / ``LM_SYSTEMS`` / ``TAGGING_SYSTEMS`` / ``CLASSIFICATION_SYSTEMS``,
-        ``TAG_SETS``; budgets ``TRANSLATION_MAX_UPDATE``, ``LM_EPOCHS`` (epochs per language model), ``LM_LSTM_LR`` (the LSTMs' SGD learning rate), ``TAGGING_PATIENCE``, ``TAGGING_MAX_EPOCH``,
+        ``TAG_SETS``; budgets ``TRANSLATION_MAX_UPDATE``, ``LM_EPOCHS`` (epochs per language model),
+        ``LM_LSTM_LR`` (the LSTMs' SGD learning rate), ``TAGGING_PATIENCE``, ``TAGGING_MAX_EPOCH``,
         ``CLASSIFICATION_MAX_UPDATE``, and ``MAX_UPDATE`` (a cap on every run, for smoke runs); ``JOBS``
         runs at once, ``THREADS`` CPU threads each; data ``MULTI30K_DIR``, ``PTB_DIR``, ``EWT_TRAIN`` +
         ``EWT_DEV`` (or ``EWT``, the folder), ``SST2``."""

@@ -10,12 +10,11 @@ page. Runs that have not finished yet are shown as "not run yet", so the page ca
 and fills in as runs finish. Every number comes from the runs' records (:mod:`records`, committed in
 ``examples/evidence/records/``), so that a fresh clone makes the same page; the settings (seeds,
 budgets) are those the records were made under (``records/settings.json``), else the environment's.
-``EVIDENCE_OUT/manifest.json``, where this machine has one, adds the runs that failed or are running.
+What this machine is running or has failed is the runner's business (``run.sh status``), not the page's.
 """
 
 import argparse
 import datetime
-import json
 import os
 import statistics
 import sys
@@ -119,7 +118,6 @@ class TaskData:
     group: str
     runs: List[Run]
     records: Dict[str, Dict[str, object]]  # run id -> its record's run.json, for the finished runs
-    entries: Dict[str, Dict[str, object]]  # run id -> this machine's manifest entry (failed / running runs)
     metrics: Dict[str, Dict[str, float]] = field(default_factory=dict)
     p_values: Dict[Tuple[str, str, int, str], Optional[float]] = field(default_factory=dict)
     signature: str = ""
@@ -371,23 +369,11 @@ def systems_table(data: TaskData, labels: Dict[str, str]) -> List[str]:
             values = [v for v in (data.value(system, s, metric) for s in done) if v is not None]
             cells.append(mean_sd(values, digits_of(metric)))
             if i == 0:
-                cells.append(", ".join([f"s{s}: {fmt(data.value(system, s, metric))}" for s in done]
-                                       + unfinished(data, system, done)) or NOT_RUN)
+                cells.append(", ".join(f"s{s}: {fmt(data.value(system, s, metric))}" for s in done) or NOT_RUN)
         walls = [float(data.records[data.run(system, s).id]["seconds"]) for s in done]  # type: ignore
         wall = f"{statistics.mean(walls) / 60:.1f}" if walls else "–"
         lines.append(f"| {labels[system]} | {len(done)} of {len(seeds)} | " + " | ".join(cells) + f" | {wall} |")
     return lines
-
-
-def unfinished(data: TaskData, system: str, done: Sequence[int]) -> List[str]:
-    """``s2: failed`` for the seeds the runner tried without finishing (see its manifest)."""
-    cells = []
-    for seed in data.seeds():
-        run = data.run(system, seed)
-        status = data.entries.get(run.id, {}).get("status") if run and seed not in done else None
-        if status in ("failed", "interrupted", "running"):
-            cells.append(f"s{seed}: {status}")
-    return cells
 
 
 def wall_line(data: TaskData) -> str:
@@ -549,23 +535,17 @@ def summary(claims: Sequence[Tuple[str, ClaimResult]]) -> List[str]:
     return lines + [""]
 
 
-def load_settings(evidence_out: Optional[str]) -> Tuple[Settings, Dict[str, Dict[str, object]]]:
-    """The settings the records were made under (else the environment's), every task, and this machine's
-    manifest entries (empty without one)."""
+def load_settings(evidence_out: Optional[str]) -> Settings:
+    """The settings the records were made under (else the environment's), with every task."""
     env = dict(os.environ)
     if evidence_out:
         env["EVIDENCE_OUT"] = evidence_out
     settings = recorded_settings(Settings.from_env(env))
     settings.tasks = list(TASKS)  # every task has its section; those not run show "not run yet"
-    manifest = settings.out / "manifest.json"
-    if not manifest.exists():
-        return settings, {}
-    with open(manifest, encoding="utf-8") as f:
-        return settings, json.load(f).get("runs", {})
+    return settings
 
 
-def build_page(settings: Settings, entries: Dict[str, Dict[str, object]], pictures: Pictures,
-               n_samples: int) -> str:
+def build_page(settings: Settings, pictures: Pictures, n_samples: int) -> str:
     runs = build_plan(settings)
     records = {run.id: record for run in runs for record in [read_record(run)] if record is not None}
     sections: List[str] = []
@@ -575,7 +555,7 @@ def build_page(settings: Settings, entries: Dict[str, Dict[str, object]], pictur
         mine = [r for r in runs if r.task == task and r.seed is not None]
         groups = settings.tag_sets if task == "tagging" else [""]
         for group in groups:
-            data = TaskData(task, group, [r for r in mine if r.group == group], records, entries)
+            data = TaskData(task, group, [r for r in mine if r.group == group], records)
             extra: List[Run] = []
             if task == "translation":
                 prep = next(r for r in runs if r.id == "translation/data")
@@ -599,7 +579,8 @@ def build_page(settings: Settings, entries: Dict[str, Dict[str, object]], pictur
 
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--evidence-out", help="the runs' folder (default: EVIDENCE_OUT, else evidence-output/)")
+    parser.add_argument("--evidence-out", help="the runs' folder, as the exact commands show it "
+                        "(default: EVIDENCE_OUT, else evidence-output/)")
     parser.add_argument("--output", default=str(REPO / "docs" / "results.md"),
                         help="the page (default: docs/results.md)")
     parser.add_argument("--images", help="folder of its pictures (default: images/results/ beside the page)")
@@ -607,11 +588,11 @@ def main(argv: Optional[List[str]] = None) -> int:
                         help="paired bootstrap resamples (default: 1000)")
     args = parser.parse_args(argv)
     setup_logging()
-    settings, entries = load_settings(args.evidence_out)
+    settings = load_settings(args.evidence_out)
     output = Path(args.output).resolve()
     pictures = Pictures(Path(args.images).resolve() if args.images else output.parent / "images" / "results",
                         output.parent)
-    page = build_page(settings, entries, pictures, args.bootstrap_samples)
+    page = build_page(settings, pictures, args.bootstrap_samples)
     with atomic_write(str(output)) as out:
         out.write(page)
     pictures.remove_stale()
