@@ -64,10 +64,17 @@ def without_machine_paths(line: str) -> str:
     return line
 
 
-def train_log_lines(run: Run) -> List[str]:
-    """The training log of every attempt, oldest first (``<log>.attempt1``, ..., ``<log>``)."""
-    from results_readers import attempt_logs
+def attempt_logs(log: Optional[Path]) -> List[Path]:
+    """The logs of a run's training, oldest first: ``<log>.attempt1``, ``.attempt2``, ..., ``<log>`` (the
+    runner renames an interrupted training's log before its recipe resumes it)."""
+    if log is None:
+        return []
+    attempts = sorted(log.parent.glob(log.name + ".attempt*"), key=lambda p: int(p.suffix[len(".attempt"):]))
+    return attempts + ([log] if log.exists() else [])
 
+
+def train_log_lines(run: Run) -> List[str]:
+    """The training log of every attempt, oldest first."""
     lines: List[str] = []
     for path in attempt_logs(run.train_log):
         with open(path, encoding="utf-8", errors="replace") as f:
@@ -117,12 +124,14 @@ def write_record(run: Run, attempts: Iterable[Mapping[str, object]], root: Optio
 
 def save_settings(settings: Settings, root: Optional[Path] = None) -> None:
     """The plan's settings beside the records, without this machine's paths: the page plans from them."""
+    from fairseq_posattn.atomic_io import atomic_write  # imports fairseq: only where settings are written
+
     values = {k: v for k, v in settings.to_json().items() if k not in ("out", "data", "tasks")}
     root = root or records_root()
     root.mkdir(parents=True, exist_ok=True)
-    temporary = root / f".{SETTINGS_FILE}.tmp-{os.getpid()}"
-    temporary.write_text(json.dumps(values, indent=1, sort_keys=True) + "\n", encoding="utf-8")
-    temporary.rename(root / SETTINGS_FILE)
+    with atomic_write(str(root / SETTINGS_FILE)) as out:
+        json.dump(values, out, indent=1, sort_keys=True)
+        out.write("\n")
 
 
 def load_settings(base: Settings, root: Optional[Path] = None) -> Settings:

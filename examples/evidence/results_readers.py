@@ -6,9 +6,8 @@ its learning curve; per pair of runs of one seed the paired bootstrap p-value: s
 (:func:`fairseq_posattn.data.significance.paired_bootstrap`), the same resampling over dev sentences for
 tagging accuracy (:func:`paired_accuracy_bootstrap`).
 
-A training interrupted and resumed leaves its earlier logs as ``<log>.attempt<N>`` (the runner keeps
-them; the recipe starts a new log, and the record joins them in order): a curve reads them in order, a
-later validation of the same x replacing an earlier one.
+A record's ``train.log`` holds the logs of every attempt of an interrupted and resumed training, oldest
+first (:func:`records.train_log_lines`): a later validation of the same x replaces an earlier one.
 """
 
 import importlib.util
@@ -44,33 +43,23 @@ LM_TABLE = _example_module("lm_results_table", "examples/language_model/results_
 TAGGING_TABLE = _example_module("tagging_results_table", "examples/pos_tagging/results_table.py")
 
 
-def attempt_logs(log: Optional[Path]) -> List[Path]:
-    """The logs of a run's training, oldest first: ``<log>.attempt1``, ``.attempt2``, ..., ``<log>``."""
-    if log is None:
-        return []
-    attempts = sorted(log.parent.glob(log.name + ".attempt*"), key=lambda p: int(p.suffix[len(".attempt"):]))
-    return attempts + ([log] if log.exists() else [])
-
-
-def validations(log: Optional[Path], x: str) -> Dict[float, Dict[str, float]]:
-    """Every 'valid' validation of a run's training logs by ``x`` (``epoch`` or ``num_updates``)."""
-    found: Dict[float, Dict[str, float]] = {}
-    for path in attempt_logs(log):
-        for stats in read_validations(str(path)):
-            if x in stats:
-                found[stats[x]] = stats
+def validations(log: Path, x: str) -> Dict[float, Dict[str, float]]:
+    """Every 'valid' validation of a recorded training log by ``x`` (``epoch`` or ``num_updates``)."""
+    if not log.exists():
+        return {}
+    found = {stats[x]: stats for stats in read_validations(str(log)) if x in stats}
     return dict(sorted(found.items()))
 
 
-def curve(log: Optional[Path], metric: str, x: str) -> List[Tuple[float, float]]:
+def curve(log: Path, metric: str, x: str) -> List[Tuple[float, float]]:
     return [(at, stats[metric]) for at, stats in validations(log, x).items() if metric in stats]
 
 
-def training_hours_by_epoch(log: Optional[Path]) -> Dict[int, float]:
+def training_hours_by_epoch(log: Path) -> Dict[int, float]:
     """Cumulative training time (fairseq's train_wall, validation excluded) at the end of each epoch."""
     per_epoch: Dict[int, float] = {}
-    for path in attempt_logs(log):
-        with open(path, encoding="utf-8", errors="replace") as f:
+    if log.exists():
+        with open(log, encoding="utf-8", errors="replace") as f:
             for match in TRAIN_SUMMARY.finditer(f.read()):
                 per_epoch[int(match[1])] = float(match[2])
     hours, total = {}, 0.0
