@@ -1,9 +1,8 @@
 """The fairseq-hydra-train configs shipped in fairseq_posattn/configs/ (docs/hydra_configs.md).
 
 Every config checks (registered names, known keys, valid values) and is documented; a typo is caught
-with the option it meant. The translation configs give exactly the training of their recipe's
-fairseq-train command line (from the recipe's --dry-run): every option of every section, and the same
-model from the same seed. Real fairseq-hydra-train runs on the shipped samples train the quickstart's
+with the option it meant. Every config gives exactly the training of its recipe's fairseq-train command
+line (from the recipe's --dry-run): every option of every section, and the same model from the same seed. Real fairseq-hydra-train runs on the shipped samples train the quickstart's
 two models (to the same weights as the quickstart's own command line), a transformer and an LSTM
 language model, and the tagger."""
 
@@ -97,14 +96,19 @@ def test_check_names_the_wrong_key_or_value(tmp_path, name, old, new, message):
 
 
 # -------------------------------------------------- the translation configs are their recipes --
-def dry_run_trainings(script: str, env: Dict[str, str], tmp_path) -> Dict[str, List[str]]:
-    """The fairseq-train command lines a recipe's --dry-run prints (on a CPU), by the basename of --save-dir."""
+def dry_run_trainings(script: str, env: Dict[str, str], tmp_path,
+                      arguments: Optional[List[str]] = None) -> Dict[str, List[str]]:
+    """The fairseq-train command lines a recipe's --dry-run prints (on a CPU), by their --save-dir;
+    ``arguments`` after --dry-run (default: a raw-data folder)."""
+    out = tmp_path / "out"
     full_env = dict(os.environ, PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"],
-                    GPUS="0", OUT=str(tmp_path / "out"), **env)
-    printed = subprocess.run(["bash", os.path.join(REPO, script), "--dry-run", str(tmp_path / "raw")],
+                    GPUS="0", OUT=str(out), **env)
+    arguments = [str(tmp_path / "raw")] if arguments is None else arguments
+    printed = subprocess.run(["bash", os.path.join(REPO, script), "--dry-run", *arguments],
                              capture_output=True, text=True, env=full_env, cwd=REPO, check=True).stdout
+    assert not out.exists(), "--dry-run wrote to the output folder"
     commands = [shlex.split(line[2:])[1:] for line in printed.splitlines() if line.startswith("+ fairseq-train ")]
-    return {os.path.basename(argv[argv.index("--save-dir") + 1]): argv for argv in commands}
+    return {argv[argv.index("--save-dir") + 1]: argv for argv in commands}
 
 
 def without_run_options(argv: List[str]) -> List[str]:
@@ -171,18 +175,6 @@ def assert_same_training(argv: List[str], config: str, data: str) -> None:
         assert torch.equal(actual_weights[key], weight), key
 
 
-def as_flags(section: DictConfig, skip=("_name", "data")) -> List[str]:
-    """A config section as fairseq-train options (``key: true`` is the flag ``--key``)."""
-    flags = []
-    for key in section:
-        if key in skip:
-            continue
-        value = section[key]
-        assert value is not False, f"{key}: false is no command-line flag"
-        flags += [f"--{key.replace('_', '-')}"] + ([] if value is True else [str(value)])
-    return flags
-
-
 @pytest.fixture(scope="module")
 def task_data(tmp_path_factory):
     """A directory for each task with what setup_task and build_model read (dictionaries, vocabularies)."""
@@ -199,45 +191,58 @@ def task_data(tmp_path_factory):
             "pos_tagging": tagging}
 
 
-@pytest.mark.parametrize("path", [p for p in CONFIGS if config_name(p).split("/")[0] in
-                                  ("quickstart", "language_model", "pos_tagging", "sentence_classification")],
-                         ids=config_name)
-def test_config_builds_the_model_its_options_build_on_the_command_line(path, task_data):
-    """fairseq-hydra-train hands the model its section as a DictConfig, fairseq-train as a flat
-    namespace: the same options must build the same model (same parameters from the same seed)."""
-    cfg = OmegaConf.load(path)
-    data = task_data[cfg.task._name]
-    argv = [data, "--user-dir", USER_DIR, "--task", cfg.task._name, *as_flags(cfg.task),
-            "--criterion", cfg.criterion._name, *as_flags(cfg.criterion), "--arch", cfg.model._name, *as_flags(cfg.model)]
-    expected = initial_weights(fairseq_train_config(argv))
-    actual = initial_weights(compose_like_hydra_train(path, [f"task.data={data}", f"common.user_dir={USER_DIR}"]))
-    assert list(actual) == list(expected)
-    for key, weight in expected.items():
-        assert torch.equal(actual[key], weight), key
+def table1_config(pattern: str):
+    """The config of a translation recipe's Table 1 row, from its save dir checkpoints/rowN."""
+    def config_of(save_dir: str) -> str:
+        found = glob.glob(os.path.join(config_dir(), pattern.format(row=os.path.basename(save_dir)) + ".yaml"))
+        assert len(found) == 1, f"{save_dir}: {found}"
+        return config_name(found[0])
+    return config_of
 
 
+def variant_config(family: str, prefix: str):
+    """The config of a run saved in runs/VARIANT/seedN/checkpoints (tagging, classification)."""
+    return lambda save_dir: f"{family}/{prefix}{save_dir.split(os.sep)[-3]}"
+
+
+EWT_SAMPLE = os.path.join(REPO, "data", "ud_ewt_sample")
+#: recipe: (script, environment, arguments after --dry-run, config of a save dir, the configs it covers)
 RECIPES = {
-    "quickstart": ("examples/quickstart/run.sh", {}, {"checkpoints-baseline": "quickstart/baseline",
-                                                      "checkpoints-structural": "quickstart/structural"}),
-    "multi30k_small": ("examples/multi30k_en_de/run.sh", {"PRESET": "small"}, "multi30k_en_de/small_{row}_*"),
-    "multi30k_paper": ("examples/multi30k_en_de/run.sh", {"PRESET": "paper"}, "multi30k_en_de/paper_{row}_*"),
-    "wmt14_en_de": ("examples/wmt14_en_de/run.sh", {}, "wmt14_en_de/{row}_*"),
-    "nist_zh_en": ("examples/nist_zh_en/run.sh", {}, "nist_zh_en/{row}_*"),
+    "quickstart": ("examples/quickstart/run.sh", {}, None, lambda save_dir: f"quickstart/{os.path.basename(save_dir).removeprefix('checkpoints-')}",
+                   "quickstart/*"),
+    "multi30k_small": ("examples/multi30k_en_de/run.sh", {"PRESET": "small"}, None,
+                       table1_config("multi30k_en_de/small_{row}_*"), "multi30k_en_de/small_*"),
+    "multi30k_paper": ("examples/multi30k_en_de/run.sh", {"PRESET": "paper"}, None,
+                       table1_config("multi30k_en_de/paper_{row}_*"), "multi30k_en_de/paper_*"),
+    "wmt14_en_de": ("examples/wmt14_en_de/run.sh", {}, None, table1_config("wmt14_en_de/{row}_*"), "wmt14_en_de/*"),
+    "nist_zh_en": ("examples/nist_zh_en/run.sh", {}, None, table1_config("nist_zh_en/{row}_*"), "nist_zh_en/*"),
+    "language_model": ("examples/language_model/run_ptb.sh", {}, [],
+                       lambda save_dir: f"language_model/ptb_{os.path.basename(save_dir)}", "language_model/*"),
+    "pos_tagging": ("examples/pos_tagging/run.sh", {"SEEDS": "1"},
+                    [f"{EWT_SAMPLE}/en_ewt-ud-train.sample.conllu", f"{EWT_SAMPLE}/en_ewt-ud-dev.sample.conllu"],
+                    variant_config("pos_tagging", "ud_"), "pos_tagging/*"),
+    "sentence_classification": ("examples/sentence_classification/run.sh", {"SEEDS": "1"},
+                                [os.path.join(REPO, "data", "sst2_sample")],
+                                variant_config("sentence_classification", "sst2_"), "sentence_classification/*"),
 }
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("recipe", sorted(RECIPES))
-def test_translation_configs_train_what_their_recipe_trains(recipe, tmp_path):
-    script, env, names = RECIPES[recipe]
-    trainings = dry_run_trainings(script, env, tmp_path)
-    if isinstance(names, str):  # Table 1 rows: one config per row the recipe trains by default
-        names = {row: config_name(found) for row in trainings
-                 for found in glob.glob(os.path.join(config_dir(), names.format(row=row) + ".yaml"))}
-    assert sorted(names) == sorted(trainings), "a training of the recipe without its config, or the reverse"
-    langs = ("zh", "en") if recipe == "nist_zh_en" else ("en", "de")
-    data = dictionaries(tmp_path / "data", *langs)
+def test_configs_train_what_their_recipe_trains(recipe, tmp_path, task_data):
+    """Each config is its recipe's default training (seed 1): the same options in every compared
+    section, and the same initial model; every training of the recipe has its config, and the reverse."""
+    script, env, arguments, config_of, covered = RECIPES[recipe]
+    trainings = dry_run_trainings(script, env, tmp_path, arguments)
+    names = {save_dir: config_of(save_dir) for save_dir in trainings}
+    shipped_names = {config_name(path) for path in glob.glob(os.path.join(config_dir(), covered + ".yaml"))}
+    assert sorted(names.values()) == sorted(shipped_names), "a training of the recipe without its config, or the reverse"
     for save_dir, name in names.items():
+        task = OmegaConf.load(shipped(name)).task._name
+        if task == "translation_structural":
+            data = dictionaries(tmp_path / "data", *(("zh", "en") if recipe == "nist_zh_en" else ("en", "de")))
+        else:
+            data = task_data[task]
         assert_same_training(trainings[save_dir], shipped(name), data)
 
 
@@ -299,7 +304,8 @@ def structural_bin(tmp_path_factory) -> str:
 @pytest.mark.parametrize("name", ["baseline", "structural"])
 def test_hydra_quickstart_trains_the_weights_of_the_quickstart_command_line(structural_bin, tmp_path, name):
     """Two updates each way from seed 1 on one thread: the same options, the very same weights."""
-    argv = dry_run_trainings("examples/quickstart/run.sh", {}, tmp_path)[f"checkpoints-{name}"]
+    argv = next(argv for save_dir, argv in dry_run_trainings("examples/quickstart/run.sh", {}, tmp_path).items()
+                if os.path.basename(save_dir) == f"checkpoints-{name}")
     argparse_dir, hydra_dir = str(tmp_path / "argparse"), str(tmp_path / "hydra")
     run("fairseq-train", [structural_bin, "--user-dir", USER_DIR, *without_run_options(argv), "--cpu",
                           "--max-update", "2", "--save-dir", argparse_dir], env=SINGLE_THREAD)

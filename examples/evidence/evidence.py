@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import IO, Dict, Iterator, List, Optional
 
 from evidence_plan import REPO, PlanError, Run, Settings, build_plan
-from records import is_recorded, read_record, save_settings, write_record
+from records import attempt_log, attempt_logs, is_recorded, read_record, save_settings, write_record
 
 MANIFEST = "manifest.json"
 POLL_SECONDS = 1.0
@@ -104,10 +104,7 @@ def rotate_train_log(run: Run) -> None:
     with open(log_path, encoding="utf-8", errors="replace") as f:
         if "done training" in f.read():
             return  # finished training: the recipe skips it and keeps its log
-    number = 1
-    while Path(f"{log_path}.attempt{number}").exists():
-        number += 1
-    log_path.rename(f"{log_path}.attempt{number}")
+    log_path.rename(attempt_log(log_path, len(attempt_logs(log_path))))  # the log itself is the last one
 
 
 def process_start(pid: int) -> Optional[str]:

@@ -64,12 +64,21 @@ def without_machine_paths(line: str) -> str:
     return line
 
 
+ATTEMPT_SUFFIX = ".attempt"
+
+
+def attempt_log(log: Path, number: int) -> Path:
+    """``<log>.attempt<number>``: where the runner keeps the log of an interrupted training's attempt
+    ``number`` before its recipe resumes it (and overwrites ``<log>``)."""
+    return log.with_name(f"{log.name}{ATTEMPT_SUFFIX}{number}")
+
+
 def attempt_logs(log: Optional[Path]) -> List[Path]:
-    """The logs of a run's training, oldest first: ``<log>.attempt1``, ``.attempt2``, ..., ``<log>`` (the
-    runner renames an interrupted training's log before its recipe resumes it)."""
+    """The logs of a run's training, oldest first: ``<log>.attempt1``, ``.attempt2``, ..., ``<log>``."""
     if log is None:
         return []
-    attempts = sorted(log.parent.glob(log.name + ".attempt*"), key=lambda p: int(p.suffix[len(".attempt"):]))
+    attempts = sorted(log.parent.glob(log.name + ATTEMPT_SUFFIX + "*"),
+                      key=lambda p: int(p.suffix[len(ATTEMPT_SUFFIX):]))
     return attempts + ([log] if log.exists() else [])
 
 

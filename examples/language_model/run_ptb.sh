@@ -4,12 +4,15 @@
 # the same budget, evaluated by fairseq-eval-lm in a fresh process from the checkpoint, then a
 # markdown table of valid / test perplexity.  See README.md in this folder.
 #
-#   PTB_DIR=/path/to/ptb bash examples/language_model/run_ptb.sh
+#   PTB_DIR=/path/to/ptb bash examples/language_model/run_ptb.sh [--dry-run]
 #
+# Every fairseq command is printed before it runs; --dry-run only prints them.
 # PTB_DIR holds ptb.{train,valid,test}.txt (or .txt.gz; the Mikolov version, <unk> and N already in).
 # Device: the GPUs torch sees (all of them, the batch split over them), else the CPU; PRECISION=fp16,
 # bf16 or amp for mixed precision (examples/lib/device.sh).
 set -euo pipefail
+DRY_RUN=0
+if [[ "${1:-}" == "--dry-run" ]]; then DRY_RUN=1; shift; fi
 
 # ---------------------------------------------------------------- settings (override by env) ----
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -55,15 +58,16 @@ TF_HEADS=${TF_HEADS:-4}
 # -------------------------------------------------------------------------------------------------
 
 source "$REPO/examples/lib/device.sh"             # DEVICE_FLAGS (--cpu without a GPU), PRECISION_FLAGS, split_batch
+source "$REPO/examples/lib/commands.sh"           # show
 split_batch "$BATCH_SIZE" 1 samples
 
 RAW=$OUT/raw
 DATA=$OUT/data-bin
-mkdir -p "$RAW" "$OUT/logs" "$OUT/checkpoints"
+(( DRY_RUN )) || mkdir -p "$RAW" "$OUT/logs" "$OUT/checkpoints"
 
 # 1. raw text (decompress if needed)
 for split in train valid test; do
-    if [ ! -s "$RAW/$split.txt" ]; then
+    if (( ! DRY_RUN )) && [ ! -s "$RAW/$split.txt" ]; then
         if [ -f "$PTB_DIR/ptb.$split.txt" ]; then cp "$PTB_DIR/ptb.$split.txt" "$RAW/$split.txt"
         elif [ -f "$PTB_DIR/ptb.$split.txt.gz" ]; then gunzip -c "$PTB_DIR/ptb.$split.txt.gz" > "$RAW/$split.txt"
         elif [ -f "$PTB_DIR/$split.txt" ]; then cp "$PTB_DIR/$split.txt" "$RAW/$split.txt"
@@ -73,9 +77,10 @@ done
 
 # 2. binarize (language modelling: one dictionary, --only-source)
 if [ ! -f "$DATA/dict.txt" ]; then
-    fairseq-preprocess --only-source --task language_modeling --workers 2 \
-        --trainpref "$RAW/train.txt" --validpref "$RAW/valid.txt" --testpref "$RAW/test.txt" \
-        --destdir "$DATA" > "$OUT/logs/preprocess.log" 2>&1
+    preprocess=(fairseq-preprocess --only-source --task language_modeling --workers 2
+                --trainpref "$RAW/train.txt" --validpref "$RAW/valid.txt" --testpref "$RAW/test.txt" --destdir "$DATA")
+    show "${preprocess[@]}"
+    (( DRY_RUN )) || "${preprocess[@]}" > "$OUT/logs/preprocess.log" 2>&1
 fi
 
 # 3. model flags
@@ -109,43 +114,50 @@ DROPOUT_FLAGS=()
 
 COMMON_DATA="--task language_modeling --user-dir $USER_DIR --sample-break-mode $BREAK_MODE --tokens-per-sample $TOKENS_PER_SAMPLE --max-target-positions $MAX_TARGET_POSITIONS"
 
+export OMP_NUM_THREADS=$THREADS MKL_NUM_THREADS=$THREADS
 train_and_eval() {
     local name=$1 ckdir="$OUT/checkpoints/$1" start end
-    mkdir -p "$ckdir"
+    (( DRY_RUN )) || mkdir -p "$ckdir"
     start=$(date +%s) end=$(date +%s)
     # a finished training is not run again (fairseq-train would make one more update); an
     # interrupted one resumes from its checkpoint_last.pt
     if ! grep -q "done training" "$OUT/logs/train.$name.log" 2>/dev/null; then
-        # shellcheck disable=SC2046
-        OMP_NUM_THREADS=$THREADS MKL_NUM_THREADS=$THREADS fairseq-train "$DATA" $COMMON_DATA $(model_flags "$name") \
-            "${DROPOUT_FLAGS[@]}" "${OPTIM_FLAGS[@]}" \
-            --batch-size "$SIZE_PER_DEVICE" --update-freq "$UPDATE_FREQ_PER_DEVICE" --required-batch-size-multiple 1 \
-            "${STOP_FLAGS[@]}" "${PRECISION_FLAGS[@]}" \
-            "${VALID_FLAGS[@]}" --no-epoch-checkpoints --save-dir "$ckdir" --seed "$SEED" --num-workers 0 \
-            --log-format simple --log-interval 100 "${DEVICE_FLAGS[@]}" > "$OUT/logs/train.$name.log" 2>&1
-        end=$(date +%s)
-        echo "wall_seconds $((end - start))" >> "$OUT/logs/train.$name.log"
+        # shellcheck disable=SC2046,SC2206  # COMMON_DATA and the model's flags are word lists
+        local train=(fairseq-train "$DATA" $COMMON_DATA $(model_flags "$name") "${DROPOUT_FLAGS[@]}" "${OPTIM_FLAGS[@]}"
+                     --batch-size "$SIZE_PER_DEVICE" --update-freq "$UPDATE_FREQ_PER_DEVICE" --required-batch-size-multiple 1
+                     "${STOP_FLAGS[@]}" "${PRECISION_FLAGS[@]}"
+                     "${VALID_FLAGS[@]}" --no-epoch-checkpoints --save-dir "$ckdir" --seed "$SEED" --num-workers 0
+                     --log-format simple --log-interval 100 "${DEVICE_FLAGS[@]}")
+        show "${train[@]}"
+        if (( ! DRY_RUN )); then
+            "${train[@]}" > "$OUT/logs/train.$name.log" 2>&1
+            end=$(date +%s)
+            echo "wall_seconds $((end - start))" >> "$OUT/logs/train.$name.log"
+        fi
     fi
     # fresh processes, from the checkpoint; every target token incl. end of sentence is scored
     for subset in valid test; do
-        OMP_NUM_THREADS=$THREADS MKL_NUM_THREADS=$THREADS fairseq-eval-lm "$DATA" \
-            --user-dir "$USER_DIR" --path "$ckdir/$EVAL_CHECKPOINT" --gen-subset "$subset" \
-            --sample-break-mode "$BREAK_MODE" --tokens-per-sample "$TOKENS_PER_SAMPLE" \
-            --max-target-positions "$MAX_TARGET_POSITIONS" --max-tokens "$EVAL_MAX_TOKENS" \
-            --num-workers 0 "${DEVICE_FLAGS[@]}" > "$OUT/logs/eval.$name.$subset.log" 2>&1
+        local evaluate=(fairseq-eval-lm "$DATA" --user-dir "$USER_DIR" --path "$ckdir/$EVAL_CHECKPOINT" --gen-subset "$subset"
+                        --sample-break-mode "$BREAK_MODE" --tokens-per-sample "$TOKENS_PER_SAMPLE"
+                        --max-target-positions "$MAX_TARGET_POSITIONS" --max-tokens "$EVAL_MAX_TOKENS"
+                        --num-workers 0 "${DEVICE_FLAGS[@]}")
+        show "${evaluate[@]}"
+        (( DRY_RUN )) || "${evaluate[@]}" > "$OUT/logs/eval.$name.$subset.log" 2>&1
     done
-    echo "done $name ($((end - start)) s training)"
+    (( DRY_RUN )) || echo "done $name ($((end - start)) s training)"
 }
 
-# 4. train + evaluate, PARALLEL at a time
+# 4. train + evaluate, PARALLEL at a time (--dry-run: print, in order)
 running=0
 for name in $MODELS; do
     model_flags "$name" > /dev/null
+    if (( DRY_RUN )); then train_and_eval "$name"; continue; fi
     ( train_and_eval "$name" || echo "FAILED $name (see $OUT/logs)" ) &
     running=$((running + 1))
     if [ "$running" -ge "$PARALLEL" ]; then wait -n; running=$((running - 1)); fi
 done
 wait
+(( DRY_RUN )) && exit 0
 
 # 5. table
 python "$REPO/examples/language_model/results_table.py" --logs "$OUT/logs" --models $MODELS \

@@ -6,10 +6,13 @@
 #
 #   bash examples/pos_tagging/run.sh                                   # UD English-EWT from $EWT (default ../shared/data/ud_english_ewt)
 #   bash examples/pos_tagging/run.sh TRAIN.conllu[.gz] DEV.conllu [TEST.conllu]
+#   bash examples/pos_tagging/run.sh --dry-run [...]                   # print every command, run none
 #
 # Device: the GPUs torch sees (all of them, the batch split over them), else the CPU; PRECISION=fp16,
 # bf16 or amp for mixed precision (examples/lib/device.sh).
 set -euo pipefail
+DRY_RUN=0
+if [[ "${1:-}" == "--dry-run" ]]; then DRY_RUN=1; shift; fi
 
 # ---------------------------------------------------------------- settings (override by env) ----
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -37,6 +40,7 @@ LR=${LR:-0.001}
 
 source "$REPO/examples/pos_tagging/variants.sh"
 source "$REPO/examples/lib/device.sh"   # DEVICE_FLAGS (--cpu without a GPU), PRECISION_FLAGS, split_batch
+source "$REPO/examples/lib/commands.sh" # show
 split_batch "$MAX_TOKENS" 1 words
 for v in $VARIANTS; do
     [[ -n "${VARIANT_FLAGS[$v]:-}" ]] || { echo "run.sh: unknown variant '$v' (${!VARIANT_FLAGS[*]})" >&2; exit 2; }
@@ -45,53 +49,68 @@ for f in "$TRAIN" "$DEV"; do
     [[ -f "$f" ]] || { echo "run.sh: $f not found; pass TRAIN.conllu DEV.conllu [TEST.conllu]" >&2; exit 2; }
 done
 
+PATIENCE_FLAGS=()                       # fairseq's own default (-1) when off: the shipped configs leave it out
+(( PATIENCE > 0 )) && PATIENCE_FLAGS=(--patience "$PATIENCE")
 DATA=$OUT/data-bin
-mkdir -p "$OUT/logs"
+(( DRY_RUN )) || mkdir -p "$OUT/logs"
+export OMP_NUM_THREADS=$THREADS MKL_NUM_THREADS=$THREADS
 
 # 1. vocabularies and binarized splits (t = 60 words, 20 characters, 50% of the words)
 if [[ ! -f "$DATA/tagging.json" ]]; then
-    posattn-prepare-tagging --train "$TRAIN" --valid "$DEV" ${TEST:+--test "$TEST"} \
-        --tag-column "$TAG_COLUMN" --destdir "$DATA" > "$OUT/logs/prepare.log" 2>&1 \
-        || { tail -n 5 "$OUT/logs/prepare.log" >&2; exit 1; }
+    prepare=(posattn-prepare-tagging --train "$TRAIN" --valid "$DEV" ${TEST:+--test "$TEST"}
+             --tag-column "$TAG_COLUMN" --destdir "$DATA")
+    show "${prepare[@]}"
+    (( DRY_RUN )) || "${prepare[@]}" > "$OUT/logs/prepare.log" 2>&1 || { tail -n 5 "$OUT/logs/prepare.log" >&2; exit 1; }
 fi
 
 # 2. train, then score and tag from the last checkpoint in fresh processes
 train_and_score() {
     local variant=$1 seed=$2 run="$OUT/runs/$1/seed$2" start
-    mkdir -p "$run"
+    (( DRY_RUN )) || mkdir -p "$run"
     if ! grep -q "done training" "$run/train.log" 2>/dev/null; then
         start=$(date +%s)
-        # shellcheck disable=SC2086
-        OMP_NUM_THREADS=$THREADS MKL_NUM_THREADS=$THREADS fairseq-train "$DATA" --user-dir "$USER_DIR" \
-            --task pos_tagging --criterion pos_tagging --arch san_tagger ${VARIANT_FLAGS[$variant]} \
-            --optimizer rmsprop --lr "$LR" --max-tokens "$SIZE_PER_DEVICE" --update-freq "$UPDATE_FREQ_PER_DEVICE" \
-            --max-update "$MAX_UPDATE" --max-epoch "$MAX_EPOCH" --patience "$PATIENCE" "${PRECISION_FLAGS[@]}" \
-            --validate-interval-updates "$VALIDATE_EVERY" --save-interval-updates "$VALIDATE_EVERY" \
-            --keep-interval-updates 1 --no-epoch-checkpoints --save-dir "$run/checkpoints" \
-            --best-checkpoint-metric accuracy --maximize-best-checkpoint-metric \
-            --seed "$seed" --num-workers 0 --log-format simple --log-interval 50 "${DEVICE_FLAGS[@]}" \
-            > "$run/train.log" 2>&1 || { tail -n 20 "$run/train.log" >&2; return 1; }
-        echo "wall_seconds $(( $(date +%s) - start ))" >> "$run/train.log"
+        # shellcheck disable=SC2206  # the variant's flags are a word list
+        local train=(fairseq-train "$DATA" --user-dir "$USER_DIR"
+                     --task pos_tagging --criterion pos_tagging --arch san_tagger ${VARIANT_FLAGS[$variant]}
+                     --optimizer rmsprop --lr "$LR" --max-tokens "$SIZE_PER_DEVICE" --update-freq "$UPDATE_FREQ_PER_DEVICE"
+                     --max-update "$MAX_UPDATE" --max-epoch "$MAX_EPOCH" "${PATIENCE_FLAGS[@]}" "${PRECISION_FLAGS[@]}"
+                     --validate-interval-updates "$VALIDATE_EVERY" --save-interval-updates "$VALIDATE_EVERY"
+                     --keep-interval-updates 1 --no-epoch-checkpoints --save-dir "$run/checkpoints"
+                     --best-checkpoint-metric accuracy --maximize-best-checkpoint-metric
+                     --seed "$seed" --num-workers 0 --log-format simple --log-interval 50 "${DEVICE_FLAGS[@]}")
+        show "${train[@]}"
+        if (( ! DRY_RUN )); then
+            "${train[@]}" > "$run/train.log" 2>&1 || { tail -n 20 "$run/train.log" >&2; return 1; }
+            echo "wall_seconds $(( $(date +%s) - start ))" >> "$run/train.log"
+        fi
     fi
     local subsets=valid
     [[ -n "$TEST" ]] && subsets=valid,test
-    OMP_NUM_THREADS=$THREADS fairseq-validate "$DATA" --user-dir "$USER_DIR" --task pos_tagging \
-        --path "$run/checkpoints/$CHECKPOINT" --valid-subset "$subsets" --max-tokens 4000 \
-        --num-workers 0 "${DEVICE_FLAGS[@]}" > "$run/validate.log" 2>&1 || { tail -n 20 "$run/validate.log" >&2; return 1; }
-    OMP_NUM_THREADS=$THREADS posattn-tag "$DATA" --path "$run/checkpoints/$CHECKPOINT" \
-        --input "$DEV" --output "$run/dev.pred.conllu" "${DEVICE_FLAGS[@]}" > "$run/tag.log" 2>&1
+    local validate=(fairseq-validate "$DATA" --user-dir "$USER_DIR" --task pos_tagging
+                    --path "$run/checkpoints/$CHECKPOINT" --valid-subset "$subsets" --max-tokens 4000
+                    --num-workers 0 "${DEVICE_FLAGS[@]}")
+    local tag=(posattn-tag "$DATA" --path "$run/checkpoints/$CHECKPOINT"
+               --input "$DEV" --output "$run/dev.pred.conllu" "${DEVICE_FLAGS[@]}")
+    show "${validate[@]}"
+    show "${tag[@]}"
+    (( DRY_RUN )) && return 0
+    "${validate[@]}" > "$run/validate.log" 2>&1 || { tail -n 20 "$run/validate.log" >&2; return 1; }
+    "${tag[@]}" > "$run/tag.log" 2>&1
     echo "done ${VARIANT_NAME[$variant]} seed $seed"
 }
 
+# (--dry-run: print, in order)
 running=0
 for variant in $VARIANTS; do
     for seed in $SEEDS; do
+        if (( DRY_RUN )); then train_and_score "$variant" "$seed"; continue; fi
         ( train_and_score "$variant" "$seed" || echo "FAILED $variant seed $seed (see $OUT/runs/$variant/seed$seed)" ) &
         running=$((running + 1))
         if (( running >= PARALLEL )); then wait -n; running=$((running - 1)); fi
     done
 done
 wait
+(( DRY_RUN )) && exit 0
 
 # 3. table (mean and sd over seeds) and learning curves (dev accuracy against updates)
 table=() curves=()

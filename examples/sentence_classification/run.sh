@@ -7,10 +7,13 @@
 #
 #   bash examples/sentence_classification/run.sh              # ../shared/data/sst2
 #   bash examples/sentence_classification/run.sh DIR          # DIR/stsa.binary.{train,dev}, e.g. data/sst2_sample
+#   bash examples/sentence_classification/run.sh --dry-run [DIR]   # print every command, run none
 #
 # Device: the GPUs torch sees (all of them, the batch split over them), else the CPU; PRECISION=fp16,
 # bf16 or amp for mixed precision (examples/lib/device.sh).
 set -euo pipefail
+DRY_RUN=0
+if [[ "${1:-}" == "--dry-run" ]]; then DRY_RUN=1; shift; fi
 
 # ---------------------------------------------------------------- settings (override by env) ----
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -49,20 +52,30 @@ for split in train dev; do
 done
 
 source "$REPO/examples/lib/device.sh"      # DEVICE_FLAGS (--cpu without a GPU), PRECISION_FLAGS, split_batch
+source "$REPO/examples/lib/commands.sh"    # show
 split_batch "$BATCH_SIZE" 1 sentences
 
 DATA=$OUT/data-bin
-mkdir -p "$OUT/logs"
+(( DRY_RUN )) || mkdir -p "$OUT/logs"
+export OMP_NUM_THREADS=$THREADS MKL_NUM_THREADS=$THREADS
 
 # 1. label / sentence files, then fairseq's binarized input0/ and label/ folders
 if [[ ! -f "$DATA/label/dict.txt" ]]; then
-    posattn-prepare-classification --train "$SST2/stsa.binary.train" \
-        --valid "$SST2/stsa.binary.dev" --labels 0 1 --destdir "$OUT/text" > "$OUT/logs/split.log" 2>&1 \
-        || { tail -n 3 "$OUT/logs/split.log" >&2; exit 1; }
-    fairseq-preprocess --only-source --trainpref "$OUT/text/train.input0" --validpref "$OUT/text/valid.input0" \
-        --thresholdsrc "$WORD_THRESHOLD" --destdir "$DATA/input0" --workers 1 > "$OUT/logs/preprocess.log" 2>&1
-    fairseq-preprocess --only-source --trainpref "$OUT/text/train.label" --validpref "$OUT/text/valid.label" \
-        --destdir "$DATA/label" --workers 1 >> "$OUT/logs/preprocess.log" 2>&1
+    split=(posattn-prepare-classification --train "$SST2/stsa.binary.train" --valid "$SST2/stsa.binary.dev"
+           --labels 0 1 --destdir "$OUT/text")
+    binarize_sentences=(fairseq-preprocess --only-source --trainpref "$OUT/text/train.input0"
+                        --validpref "$OUT/text/valid.input0" --thresholdsrc "$WORD_THRESHOLD" --destdir "$DATA/input0"
+                        --workers 1)
+    binarize_labels=(fairseq-preprocess --only-source --trainpref "$OUT/text/train.label"
+                     --validpref "$OUT/text/valid.label" --destdir "$DATA/label" --workers 1)
+    show "${split[@]}"
+    show "${binarize_sentences[@]}"
+    show "${binarize_labels[@]}"
+    if (( ! DRY_RUN )); then
+        "${split[@]}" > "$OUT/logs/split.log" 2>&1 || { tail -n 3 "$OUT/logs/split.log" >&2; exit 1; }
+        "${binarize_sentences[@]}" > "$OUT/logs/preprocess.log" 2>&1
+        "${binarize_labels[@]}" >> "$OUT/logs/preprocess.log" 2>&1
+    fi
 fi
 
 # 2. train, then re-score the best checkpoint in a fresh process
@@ -71,21 +84,25 @@ TASK_FLAGS=(--user-dir "$USER_DIR" --task sentence_prediction --num-classes 2 --
             --criterion sentence_prediction --required-batch-size-multiple 1 --num-workers 0 "${DEVICE_FLAGS[@]}")
 train_and_score() {
     local variant=$1 seed=$2 run="$OUT/runs/$1/seed$2"
-    mkdir -p "$run"
+    (( DRY_RUN )) || mkdir -p "$run"
     if ! grep -q "done training" "$run/train.log" 2>/dev/null; then
-        # shellcheck disable=SC2086
-        OMP_NUM_THREADS=$THREADS MKL_NUM_THREADS=$THREADS fairseq-train "$DATA" "${TASK_FLAGS[@]}" \
-            --arch "$ARCH" ${VARIANT_FLAGS[$variant]} $MODEL_FLAGS \
-            --optimizer adam --lr "$LR" --batch-size "$SIZE_PER_DEVICE" --update-freq "$UPDATE_FREQ_PER_DEVICE" \
-            --max-update "$MAX_UPDATE" "${PRECISION_FLAGS[@]}" \
-            --validate-interval-updates "$VALIDATE_EVERY" --save-interval-updates "$VALIDATE_EVERY" \
-            --keep-interval-updates 1 --no-epoch-checkpoints --no-last-checkpoints --no-save-optimizer-state \
-            --best-checkpoint-metric accuracy --maximize-best-checkpoint-metric --save-dir "$run/checkpoints" \
-            --seed "$seed" --log-format simple --log-interval 50 \
-            > "$run/train.log" 2>&1 || { tail -n 20 "$run/train.log" >&2; return 1; }
+        # shellcheck disable=SC2206  # the variant's flags and MODEL_FLAGS are word lists
+        local train=(fairseq-train "$DATA" "${TASK_FLAGS[@]}" --arch "$ARCH" ${VARIANT_FLAGS[$variant]} $MODEL_FLAGS
+                     --optimizer adam --lr "$LR" --batch-size "$SIZE_PER_DEVICE" --update-freq "$UPDATE_FREQ_PER_DEVICE"
+                     --max-update "$MAX_UPDATE" "${PRECISION_FLAGS[@]}"
+                     --validate-interval-updates "$VALIDATE_EVERY" --save-interval-updates "$VALIDATE_EVERY"
+                     --keep-interval-updates 1 --no-epoch-checkpoints --no-last-checkpoints --no-save-optimizer-state
+                     --best-checkpoint-metric accuracy --maximize-best-checkpoint-metric --save-dir "$run/checkpoints"
+                     --seed "$seed" --log-format simple --log-interval 50)
+        show "${train[@]}"
+        if (( ! DRY_RUN )); then
+            "${train[@]}" > "$run/train.log" 2>&1 || { tail -n 20 "$run/train.log" >&2; return 1; }
+        fi
     fi
-    OMP_NUM_THREADS=$THREADS fairseq-validate "$DATA" "${TASK_FLAGS[@]}" --path "$run/checkpoints/checkpoint_best.pt" \
-        --batch-size 128 > "$run/validate.log" 2>&1 || { tail -n 20 "$run/validate.log" >&2; return 1; }
+    local validate=(fairseq-validate "$DATA" "${TASK_FLAGS[@]}" --path "$run/checkpoints/checkpoint_best.pt" --batch-size 128)
+    show "${validate[@]}"
+    (( DRY_RUN )) && return 0
+    "${validate[@]}" > "$run/validate.log" 2>&1 || { tail -n 20 "$run/validate.log" >&2; return 1; }
     local logged rescored
     logged=$(grep -o "best_accuracy [0-9.]*" "$run/train.log" | tail -n 1 | cut -d' ' -f2)
     rescored=$(grep "valid on 'valid' subset" "$run/validate.log" | grep -o "| accuracy [0-9.]*" | cut -d' ' -f3)
@@ -98,12 +115,14 @@ start=$(date +%s)
 running=0
 for variant in $VARIANTS; do
     for seed in $SEEDS; do
+        if (( DRY_RUN )); then train_and_score "$variant" "$seed"; continue; fi
         ( train_and_score "$variant" "$seed" || echo "FAILED $variant seed $seed (see $OUT/runs/$variant/seed$seed)" ) &
         running=$((running + 1))
         if (( running >= PARALLEL )); then wait -n; running=$((running - 1)); fi
     done
 done
 wait
+(( DRY_RUN )) && exit 0
 echo "trainings and re-scoring: $(( $(date +%s) - start )) s wall"
 
 # 3. table (best and final dev accuracy, mean ± sd over seeds) and learning curves
