@@ -2,9 +2,10 @@
 
 Every config checks (registered names, known keys, valid values) and is documented; a typo is caught
 with the option it meant. Every config gives exactly the training of its recipe's fairseq-train command
-line (from the recipe's --dry-run): every option of every section, and the same model from the same seed. Real fairseq-hydra-train runs on the shipped samples train the quickstart's
-two models (to the same weights as the quickstart's own command line), a transformer and an LSTM
-language model, and the tagger."""
+line (from the recipe's --dry-run): every option of every section, and the same model from the same
+seed. Real fairseq-hydra-train runs on the shipped samples train the quickstart's two models (to the
+same weights as the quickstart's own command line), a transformer and an LSTM language model, and the
+tagger."""
 
 import argparse
 import glob
@@ -95,7 +96,7 @@ def test_check_names_the_wrong_key_or_value(tmp_path, name, old, new, message):
     assert message in str(error.value) and str(bad) in str(error.value)
 
 
-# -------------------------------------------------- the translation configs are their recipes --
+# ------------------------------------------------------------ every config is its recipe --
 def dry_run_trainings(script: str, env: Dict[str, str], tmp_path,
                       arguments: Optional[List[str]] = None) -> Dict[str, List[str]]:
     """The fairseq-train command lines a recipe's --dry-run prints (on a CPU), by their --save-dir;
@@ -208,7 +209,8 @@ def variant_config(family: str, prefix: str):
 EWT_SAMPLE = os.path.join(REPO, "data", "ud_ewt_sample")
 #: recipe: (script, environment, arguments after --dry-run, config of a save dir, the configs it covers)
 RECIPES = {
-    "quickstart": ("examples/quickstart/run.sh", {}, None, lambda save_dir: f"quickstart/{os.path.basename(save_dir).removeprefix('checkpoints-')}",
+    "quickstart": ("examples/quickstart/run.sh", {}, None,
+                   lambda save_dir: f"quickstart/{os.path.basename(save_dir).removeprefix('checkpoints-')}",
                    "quickstart/*"),
     "multi30k_small": ("examples/multi30k_en_de/run.sh", {"PRESET": "small"}, None,
                        table1_config("multi30k_en_de/small_{row}_*"), "multi30k_en_de/small_*"),
@@ -236,7 +238,7 @@ def test_configs_train_what_their_recipe_trains(recipe, tmp_path, task_data):
     trainings = dry_run_trainings(script, env, tmp_path, arguments)
     names = {save_dir: config_of(save_dir) for save_dir in trainings}
     shipped_names = {config_name(path) for path in glob.glob(os.path.join(config_dir(), covered + ".yaml"))}
-    assert sorted(names.values()) == sorted(shipped_names), "a training of the recipe without its config, or the reverse"
+    assert sorted(names.values()) == sorted(shipped_names), "a training of the recipe without a config, or the reverse"
     for save_dir, name in names.items():
         task = OmegaConf.load(shipped(name)).task._name
         if task == "translation_structural":
