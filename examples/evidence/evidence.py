@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import IO, Dict, Iterator, List, Optional
 
 from evidence_plan import REPO, PlanError, Run, Settings, build_plan
-from records import attempt_log, attempt_logs, is_recorded, read_record, save_settings, write_record
+from records import is_recorded, next_attempt_log, read_record, save_settings, write_record
 
 MANIFEST = "manifest.json"
 POLL_SECONDS = 1.0
@@ -104,7 +104,7 @@ def rotate_train_log(run: Run) -> None:
     with open(log_path, encoding="utf-8", errors="replace") as f:
         if "done training" in f.read():
             return  # finished training: the recipe skips it and keeps its log
-    log_path.rename(attempt_log(log_path, len(attempt_logs(log_path))))  # the log itself is the last one
+    log_path.rename(next_attempt_log(log_path))
 
 
 def process_start(pid: int) -> Optional[str]:

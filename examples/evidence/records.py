@@ -73,13 +73,24 @@ def attempt_log(log: Path, number: int) -> Path:
     return log.with_name(f"{log.name}{ATTEMPT_SUFFIX}{number}")
 
 
+def attempt_number(path: Path) -> int:
+    """N of ``<log>.attemptN``."""
+    return int(path.suffix[len(ATTEMPT_SUFFIX):])
+
+
 def attempt_logs(log: Optional[Path]) -> List[Path]:
     """The logs of a run's training, oldest first: ``<log>.attempt1``, ``.attempt2``, ..., ``<log>``."""
     if log is None:
         return []
-    attempts = sorted(log.parent.glob(log.name + ATTEMPT_SUFFIX + "*"),
-                      key=lambda p: int(p.suffix[len(ATTEMPT_SUFFIX):]))
+    attempts = sorted(log.parent.glob(log.name + ATTEMPT_SUFFIX + "*"), key=attempt_number)
     return attempts + ([log] if log.exists() else [])
+
+
+def next_attempt_log(log: Path) -> Path:
+    """The name for the current ``<log>`` of an interrupted training: one past the highest kept attempt,
+    so that no kept attempt is ever overwritten."""
+    kept = [path for path in attempt_logs(log) if path != log]
+    return attempt_log(log, attempt_number(kept[-1]) + 1 if kept else 1)
 
 
 def train_log_lines(run: Run) -> List[str]:
