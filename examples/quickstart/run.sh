@@ -7,7 +7,8 @@
 #
 # Run from the repository root with the virtualenv's bin first on PATH (`make quickstart` does both):
 #     PATH="$PWD/.venv/bin:$PATH" bash examples/quickstart/run.sh [--dry-run]
-# About 5 minutes on 2 idle CPU cores; everything goes to quickstart-output/ (rebuilt on every run).
+# About 5 minutes on 2 idle CPU cores; everything goes to quickstart-output/ in the repository, or to
+# the folder OUT names (rebuilt on every run).
 # Every command is printed before it runs; --dry-run only prints them. The same two models as
 # fairseq-hydra-train configs: fairseq_posattn/configs/quickstart/ (docs/hydra_configs.md).
 # Without a GPU the two models train at once, each on half the cores. Where torch sees a GPU they train
@@ -46,7 +47,8 @@ SRC=en
 TGT=de
 BPE_MERGES=2000
 RAW=data/multi30k_sample
-OUT=quickstart-output
+OUT=${OUT:+$(realpath -m "$OUT")}  # a folder of your choice, from where you are, or by default:
+OUT=${OUT:-quickstart-output}       # relative to the repository root
 # -------------------------------------------------------------------------------------------------
 
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
