@@ -24,7 +24,8 @@ sys.path.insert(0, str(EVIDENCE))
 
 import evidence_plan as plan  # noqa: E402
 import paper_claims  # noqa: E402
-from results import INCONCLUSIVE, NO_EFFECT_REPRODUCED, NOT_REPRODUCED, NOT_RUN, REPRODUCED, verdict  # noqa: E402
+from results import (INCONCLUSIVE, MEASURED, NO_EFFECT_REPRODUCED, NOT_REPRODUCED, NOT_RUN, REPRODUCED,  # noqa: E402
+                     verdict)
 from results_readers import paired_accuracy_bootstrap, sentence_counts  # noqa: E402
 
 PTB_SAMPLE = os.path.join(REPO, "data", "ptb_sample")
@@ -155,6 +156,9 @@ def test_verdicts_follow_the_stated_rule():
     assert verdict(better, {1: 0.4}, {}, 3)[0].startswith("incomplete")
     lower_ppl = paper_claims.Claim("lm", "positional_attentive_lstm_lm", "attentive_lstm_lm", "test_ppl", 70.92, 76.56)
     assert verdict(lower_ppl, {1: -2.0, 2: -0.5}, {}, 2)[0] == REPRODUCED
+    unclaimed = paper_claims.Claim("lm", "tf_da", "tf_vanilla", "test_ppl")
+    assert verdict(unclaimed, {1: -5.5, 2: 0.3}, {}, 2) == (
+        MEASURED, "the system is better in 1 of 2 seeds; the paper has no number for this.")
     alike = paper_claims.Claim("tagging", "temp", "pe_add", "accuracy", 92.49, 92.40, kind=paper_claims.NO_EFFECT)
     assert verdict(alike, {1: 0.1, 2: 0.2, 3: -0.1}, {1: 0.4, 2: 0.2, 3: 0.7}, 3)[0] == NO_EFFECT_REPRODUCED
     assert verdict(alike, {1: 0.5, 2: 0.6, 3: 0.4}, {1: 0.01, 2: 0.001, 3: 0.02}, 3)[0] == NOT_REPRODUCED

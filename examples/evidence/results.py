@@ -44,6 +44,7 @@ METRIC_NAMES = {
     "oov_accuracy": "OOV (%)", "ambiguous_accuracy": "ambiguous (%)", "final_accuracy": "final dev accuracy (%)",
     "best_accuracy": "best dev accuracy (%)", "epochs": "epochs", "train_hours": "training h",
 }
+BETTER_SIGN = {"test_ppl": -1, "valid_ppl": -1}  # the sign of Δ when the system is better (default +1)
 SECTION_TITLES = {
     "translation": "Translation: Multi30k English-German (Wang et al. 2019, Table 1, and sequential methods)",
     "lm": "Language modelling: Penn Treebank (Dagan 2019, Table 1)",
@@ -101,8 +102,8 @@ def verdict(claim: Claim, deltas: Dict[int, float], p_values: Dict[int, Optional
     expected = claim.expected_sign
     agree = sum(d * expected > 0 for d in deltas.values()) if expected else 0
     if expected == 0:
-        ups = sum(d > 0 for d in deltas.values())
-        return MEASURED, f"Δ > 0 in {ups} of {n} seeds{sig_text}; the paper has no number for this."
+        better = sum(d * BETTER_SIGN.get(claim.metric, 1) > 0 for d in deltas.values())
+        return MEASURED, f"the system is better in {better} of {n} seeds{sig_text}; the paper has no number for this."
     if mean * expected > 0 and agree == n:
         return REPRODUCED, f"{sign_word(mean)} {in_all(n)}{sig_text}, as in the paper."
     if mean * expected < 0 and all(d * expected < 0 for d in deltas.values()):
