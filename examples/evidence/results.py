@@ -453,7 +453,10 @@ INTRO = {
         "fairseq-eval-lm's over every target token, end of sentence included, from `checkpoint_best.pt` in a "
         "fresh process. Dagan's numbers (test perplexity: LSTM 64.96, attentive 76.56, positional attentive "
         "70.92) come from a different code base, perplexity count and training length: compare the direction, "
-        "not the number. No per-seed significance test (seeds only).", ""],
+        "not the number. No per-seed significance test (seeds only). The transformer LMs get the LSTMs' number "
+        "of epochs rather than their wall time: they train in about a third of it, and their valid perplexity "
+        "is still falling at the last epoch (the pictures), so they are compared with each other, not with the "
+        "LSTMs.", ""],
     "tagging": [
         "`examples/pos_tagging/run.sh` on UD English-EWT (train / dev; EWT has no test set in our data and we "
         "report dev), UPOS and XPOS (EWT's XPOS is the Penn Treebank tag set, so XPOS is compared with the "
