@@ -4,6 +4,7 @@ sample, a tiny set of runs interrupted by SIGTERM and resumed without redoing it
 records (a fresh output folder, as on another machine, redoes nothing), then the results page generated
 from the records alone."""
 
+import datetime
 import json
 import os
 import re
@@ -143,6 +144,35 @@ def test_a_second_runner_on_the_same_folder_is_refused(tmp_path):
     assert second.returncode != 0
     assert f"another runner is working in {tmp_path} (process {os.getpid()})" in second.stderr
     assert not (tmp_path / "manifest.json").exists()
+
+
+def test_an_attempt_cut_by_a_killed_runner_ends_at_the_last_write_of_its_run(tmp_path, monkeypatch):
+    """SIGKILL (the end of a machine's session) leaves the manifest saying "running", with an attempt that has
+    a start and no end: the next runner marks the run interrupted and ends that attempt at the last write into
+    the run's folder, so that the run's wall time counts it."""
+    import evidence
+
+    monkeypatch.setenv("EVIDENCE_RECORDS", str(tmp_path / "records"))
+    settings = plan.Settings.from_env({**os.environ, "EVIDENCE_OUT": str(tmp_path), "TASKS": "lm",
+                                       "LM_SYSTEMS": "tf_vanilla", "LM_SEEDS": "1", "PTB_DIR": PTB_SAMPLE})
+    run, = plan.build_plan(settings)
+    dead = subprocess.Popen(["true"])
+    dead.wait()  # a process group that is gone, as the killed runner's recipe is once stopped
+    killed = evidence.Manifest(settings.out / evidence.MANIFEST)
+    killed.entry(run).update(status=evidence.RUNNING, pgid=dead.pid, pgid_start="0",
+                             attempts=[{"start": "2026-11-25T22:47:21"}])
+    killed.save(settings)
+    last_write = run.out_dir / "logs" / "train.tf_vanilla.log"
+    last_write.parent.mkdir(parents=True)
+    last_write.write_text("epoch 001\n", encoding="utf-8")
+    ended = datetime.datetime(2026, 11, 25, 23, 11, 5).timestamp()
+    os.utime(last_write, (ended, ended))
+    runner = evidence.Runner(settings, [run])
+    runner.sync_with_disk()
+    attempt, = evidence.Manifest(settings.out / evidence.MANIFEST).runs[run.id]["attempts"]
+    assert runner.status(run) == evidence.INTERRUPTED
+    assert attempt == {"start": "2026-11-25T22:47:21", "end": "2026-11-25T23:11:05", "seconds": 1424.0,
+                       "outcome": evidence.INTERRUPTED, "end_from": "the last write in its folder"}
 
 
 # ---------------------------------------------------------------------------------------------- statistics

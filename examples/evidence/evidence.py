@@ -107,6 +107,17 @@ def rotate_train_log(run: Run) -> None:
     log_path.rename(next_attempt_log(log_path))
 
 
+def close_lost_attempt(run: Run, attempts: List[Dict[str, object]]) -> None:
+    """The last attempt of a run whose runner was killed (SIGKILL, the machine's session ended) has a start
+    and no end: it ended with the last write into the run's folder, which gives its wall time."""
+    if not attempts or "end" in attempts[-1]:
+        return
+    start = datetime.datetime.fromisoformat(str(attempts[-1]["start"])).timestamp()
+    end = max([start, *(path.stat().st_mtime for path in run.out_dir.rglob("*") if path.is_file())])
+    attempts[-1].update(end=datetime.datetime.fromtimestamp(end).isoformat(timespec="seconds"),
+                        seconds=round(end - start, 1), outcome=INTERRUPTED, end_from="the last write in its folder")
+
+
 def process_start(pid: int) -> Optional[str]:
     """The start time of process ``pid`` (field 22 of /proc/PID/stat), None if there is no such process:
     with the pid it identifies a process even after the pid is reused."""
@@ -147,6 +158,7 @@ class Runner:
                     raise SystemExit(f"evidence.py: {run.id} is still being run by process group {pgid}, left by "
                                      f"a runner that was killed; stop it first: kill -TERM -- -{pgid}")
                 entry["status"] = INTERRUPTED
+                close_lost_attempt(run, entry["attempts"])  # type: ignore[arg-type]
             elif entry["status"] == FINISHED:
                 entry["status"] = PENDING  # its artifacts are gone: run it again
         self.manifest.save(self.settings)
