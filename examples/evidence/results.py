@@ -507,7 +507,9 @@ def how_made(settings: Settings, finished: int, planned: int) -> List[str]:
         "finished everywhere, and is done again only when its budget changes or its record is deleted.",
         "- **Start, or resume after an interruption**, from the repository root: "
         "`nohup bash examples/evidence/run.sh > evidence.log 2>&1 &`. Stop it with `kill -TERM <its pid>`: the "
-        "running recipes are stopped and marked interrupted. The same command carries on: a recorded run is "
+        "running recipes are stopped and marked interrupted (a runner killed outright, with the machine, leaves "
+        "its recipes' attempts open: the next one ends each at the last write into its run's folder, so the "
+        "wall times stay counted). The same command carries on: a recorded run is "
         "never redone; on the same machine an interrupted training resumes from its `checkpoint_last.pt`, and "
         "the recipes skip every step whose output exists.",
         "- **Progress**: `bash examples/evidence/run.sh status`; every run with its status and exact command: "
