@@ -157,7 +157,7 @@ def test_an_attempt_cut_by_a_killed_runner_ends_at_the_last_write_of_its_run(tmp
                                        "LM_SYSTEMS": "tf_vanilla", "LM_SEEDS": "1", "PTB_DIR": PTB_SAMPLE})
     run, = plan.build_plan(settings)
     dead = subprocess.Popen(["true"])
-    dead.wait()  # a process group that is gone, as the killed runner's recipe is once stopped
+    dead.wait()  # a process that is gone: the killed runner's recipe, once stopped
     killed = evidence.Manifest(settings.out / evidence.MANIFEST)
     killed.entry(run).update(status=evidence.RUNNING, pgid=dead.pid, pgid_start="0",
                              attempts=[{"start": "2026-11-25T22:47:21"}])
