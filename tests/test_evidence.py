@@ -60,7 +60,9 @@ def test_the_plan_has_every_system_of_the_issue_with_its_seeds_and_budget(tmp_pa
             assert run.env["MAX_UPDATE"] == "1500" and run.env["SEED"] == str(run.seed)
             assert run.depends_on == "translation/data" and run.env["GEN_SUBSETS"] == "valid test"
         if run.task == "lm":
-            assert run.env["MAX_EPOCH"] == "6" and run.env["VALIDATE"] == "1" and run.env["MAX_UPDATE"] == "0"
+            # the transformers: about the LSTMs' wall time
+            assert run.env["MAX_EPOCH"] == ("6" if run.system in plan.LSTM_SYSTEMS else "20")
+            assert run.env["VALIDATE"] == "1" and run.env["MAX_UPDATE"] == "0"
             assert run.env["OPTIMIZER"] == ("paper" if run.system in plan.LSTM_SYSTEMS else "adam")
         if run.task == "tagging":
             assert run.env["PATIENCE"] == "3" and run.env["VALIDATE_EVERY"] == "0"
@@ -75,7 +77,7 @@ def test_the_plan_has_every_system_of_the_issue_with_its_seeds_and_budget(tmp_pa
 def test_selection_and_cap_from_the_environment(tmp_path):
     settings = plan.Settings.from_env({"EVIDENCE_OUT": str(tmp_path), "TASKS": "tagging lm", "SEEDS": "7",
                                        "TAGGING_SYSTEMS": "pe_add conv", "TAG_SETS": "xpos", "LM_SYSTEMS": "tf_da",
-                                       "MAX_UPDATE": "3", "LM_EPOCHS": "2"})
+                                       "MAX_UPDATE": "3", "LM_EPOCHS": "4", "LM_TF_EPOCHS": "2"})
     runs = plan.build_plan(settings)
     assert [r.id for r in runs] == ["tagging/xpos/pe_add/seed7", "tagging/xpos/conv/seed7", "lm/tf_da/seed7"]
     assert runs[0].env["MAX_UPDATE"] == "3" and runs[2].env["MAX_EPOCH"] == "2"
@@ -173,6 +175,64 @@ def test_an_attempt_cut_by_a_killed_runner_ends_at_the_last_write_of_its_run(tmp
     assert runner.status(run) == evidence.INTERRUPTED
     assert attempt == {"start": "2026-11-25T22:47:21", "end": "2026-11-25T23:11:05", "seconds": 1424.0,
                        "outcome": evidence.INTERRUPTED, "end_from": "the last write in its folder"}
+
+
+def test_a_run_trained_under_another_budget_is_not_finished(tmp_path):
+    """Raising a budget (LM_TF_EPOCHS 6 -> 8) leaves the old training's evaluations on disk: the run is not
+    finished under the new plan. At its start the runner keeps the old log as an attempt, so that the recipe
+    trains on from checkpoint_last.pt, and removes the old evaluations, so that a cut attempt cannot look
+    finished; under the old plan the same finished log is kept."""
+    import evidence
+
+    env = {"EVIDENCE_OUT": str(tmp_path), "TASKS": "lm", "LM_SYSTEMS": "tf_vanilla", "LM_SEEDS": "1",
+           "PTB_DIR": PTB_SAMPLE}
+    old, = plan.build_plan(plan.Settings.from_env({**env, "LM_TF_EPOCHS": "6"}))
+    new, = plan.build_plan(plan.Settings.from_env({**env, "LM_TF_EPOCHS": "8"}))
+    logs = old.out_dir / "logs"
+    logs.mkdir(parents=True)
+    trained = ("2026-11-25 18:39:10 | INFO | fairseq_cli.train | {'_name': None, 'optimization': {'_name': None, "
+               "'max_epoch': 6, 'max_update': 0, 'stop_time_hours': 0.0, 'clip_norm': 1.0}}\n"
+               "2026-11-25 19:00:59 | INFO | fairseq_cli.train | done training in 1303.0 seconds\n")
+    old.train_log.write_text(trained, encoding="utf-8")
+    evaluations = [logs / f"eval.tf_vanilla.{subset}.log" for subset in ("valid", "test")]
+    for path in evaluations:
+        path.write_text("| Loss (base 2): 7.5, Perplexity: 182.88\n", encoding="utf-8")
+    assert old.finished() and not new.finished()
+    evidence.rotate_train_log(old)
+    assert old.train_log.read_text(encoding="utf-8") == trained  # finished under its plan: the recipe skips it
+    evidence.rotate_train_log(new)
+    evidence.remove_final_artifacts(new)
+    assert not new.train_log.exists() and not any(path.exists() for path in evaluations)
+    assert (logs / "train.tf_vanilla.log.attempt1").read_text(encoding="utf-8") == trained
+
+
+@pytest.mark.slow
+def test_a_raised_budget_trains_on_from_the_last_checkpoint(tmp_path):
+    """The same command with MAX_UPDATE 2, then 4: the second runner resumes the recorded run's training at
+    update 2 (fairseq's checkpoint_last.pt), evaluates again and replaces the record, whose training log
+    holds both attempts and whose wall time counts both."""
+    env = {**os.environ, "EVIDENCE_OUT": str(tmp_path), "EVIDENCE_RECORDS": str(tmp_path / "records"),
+           "TASKS": "lm", "LM_SYSTEMS": "tf_vanilla", "LM_SEEDS": "1", "PTB_DIR": PTB_SAMPLE, "THREADS": "1"}
+    command = [sys.executable, str(EVIDENCE / "evidence.py"), "run", "--no-results"]
+    runs = []
+    for updates in ("2", "4"):
+        runs.append(subprocess.run(command, env={**env, "MAX_UPDATE": updates}, cwd=REPO, capture_output=True,
+                                   text=True, timeout=300))
+        assert runs[-1].returncode == 0, runs[-1].stdout[-3000:] + runs[-1].stderr[-3000:]
+    assert "start lm/tf_vanilla/seed1 (attempt 2;" in runs[1].stdout
+    record_dir = tmp_path / "records" / "lm" / "tf_vanilla" / "seed1"
+    record = json.loads((record_dir / "run.json").read_text(encoding="utf-8"))
+    assert "at most 4 updates" in record["budget"]
+    assert [a["outcome"] for a in record["attempts"]] == ["finished", "finished"]
+    assert record["seconds"] == round(sum(a["seconds"] for a in record["attempts"]), 1)
+    train = (record_dir / "train.log").read_text(encoding="utf-8")
+    assert re.search(r"loaded checkpoint \S*checkpoint_last\.pt \(epoch 1 @ 2 updates\)", train, re.I), train[-3000:]
+    assert [int(n) for n in re.findall(r"valid on 'valid' subset .*num_updates (\d+)", train)] == [2, 4]
+    evaluated = tmp_path / "lm" / "tf_vanilla" / "seed1" / "logs" / "eval.tf_vanilla.test.log"
+    assert (record_dir / "eval.test.log").read_text(encoding="utf-8") == \
+        evaluated.read_text(encoding="utf-8").replace(f"{REPO}/", "")
+    assert evaluated.stat().st_mtime > (tmp_path / "lm" / "tf_vanilla" / "seed1" / "checkpoints" / "tf_vanilla"
+                                        / "checkpoint_last.pt").stat().st_mtime
 
 
 # ---------------------------------------------------------------------------------------------- statistics

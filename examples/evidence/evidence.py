@@ -97,14 +97,29 @@ def exclusive(out: Path) -> Iterator[None]:
 
 def rotate_train_log(run: Run) -> None:
     """An unfinished training's log is overwritten when its recipe resumes it: keep it as
-    ``<log>.attempt<N>`` so that the learning curve keeps the validations before the interruption."""
+    ``<log>.attempt<N>`` so that the learning curve keeps the validations before the interruption. A
+    training finished under another budget (its log lacks the plan's ``trained_under`` values) counts as
+    unfinished: without its log the recipe trains again, from its ``checkpoint_last.pt``."""
     log_path = run.train_log
     if log_path is None or not log_path.exists():
         return
+    budget = [text for path, text in run.done_when if path == log_path]
     with open(log_path, encoding="utf-8", errors="replace") as f:
-        if "done training" in f.read():
-            return  # finished training: the recipe skips it and keeps its log
+        text = f.read()
+    if "done training" in text and all(value in text for value in budget):
+        return  # finished training: the recipe skips it and keeps its log
     log_path.rename(next_attempt_log(log_path))
+
+
+def remove_final_artifacts(run: Run) -> None:
+    """A trained run that starts is unfinished: its final artifacts (evaluations) on disk, if any, were made
+    by an earlier budget or attempt, and would make it look finished if this attempt were cut before its
+    recipe rewrites them. The recipes re-evaluate every time, so nothing is lost."""
+    if run.train_log is None:
+        return  # a preparation: its recipe skips the steps whose outputs exist
+    for path, _ in run.done_when:
+        if path != run.train_log:
+            path.unlink(missing_ok=True)
 
 
 def close_lost_attempt(run: Run, attempts: List[Dict[str, object]]) -> None:
@@ -174,6 +189,7 @@ class Runner:
     def start(self, run: Run) -> None:
         entry = self.manifest.runs[run.id]
         rotate_train_log(run)
+        remove_final_artifacts(run)
         run.out_dir.mkdir(parents=True, exist_ok=True)
         attempt = len(entry["attempts"]) + 1  # type: ignore[arg-type]
         output = open(run.out_dir / "recipe.log", "a", encoding="utf-8")

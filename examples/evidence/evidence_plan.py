@@ -4,7 +4,7 @@ One run = one task, one system, one seed (and for tagging one tag set), in its o
 ``EVIDENCE_OUT/<task>/[<tag set>/]<system>/seed<N>``, made by the task's recipe under ``examples/``
 with environment variables; a run is finished only when its final artifact is there (translations
 with fairseq-generate's closing BLEU line, fairseq-eval-lm's perplexity, fairseq-validate's
-accuracy), and then recorded in git with the files its :class:`Kept` entries name (:mod:`records`). Multi30k is prepared once (``translation/data``: Moses, BPE, spaCy parse, binarization,
+accuracy) and its training log shows the plan's budget (:func:`trained_under`), and then recorded in git with the files its :class:`Kept` entries name (:mod:`records`). Multi30k is prepared once (``translation/data``: Moses, BPE, spaCy parse, binarization,
 structural side data) and shared by its runs.
 
 Everything is read from the environment (see :class:`Settings`), so that the same command, run again,
@@ -81,6 +81,7 @@ class Settings:
     tag_sets: List[str]
     translation_max_update: int = 1500
     lm_epochs: int = 6
+    lm_tf_epochs: int = 20  # about the LSTMs' wall time of lm_epochs on this machine (lm_budget)
     lm_lstm_lr: float = 10.0  # SGD; the paper's 30 diverges for the attentive LSTMs here (see lm_budget)
     tagging_patience: int = 3
     tagging_max_epoch: int = 100
@@ -95,11 +96,11 @@ class Settings:
         """``EVIDENCE_OUT`` (default ``evidence-output/`` in the repository), ``TASKS``, ``SEEDS`` (all
         tasks) or ``TRANSLATION_SEEDS`` / ``LM_SEEDS`` / ``TAGGING_SEEDS`` / ``CLASSIFICATION_SEEDS``,
         ``TRANSLATION_SYSTEMS`` / ``LM_SYSTEMS`` / ``TAGGING_SYSTEMS`` / ``CLASSIFICATION_SYSTEMS``,
-        ``TAG_SETS``; budgets ``TRANSLATION_MAX_UPDATE``, ``LM_EPOCHS`` (epochs per language model),
-        ``LM_LSTM_LR`` (the LSTMs' SGD learning rate), ``TAGGING_PATIENCE``, ``TAGGING_MAX_EPOCH``,
-        ``CLASSIFICATION_MAX_UPDATE``, and ``MAX_UPDATE`` (a cap on every run, for smoke runs); ``JOBS``
-        runs at once, ``THREADS`` CPU threads each; data ``MULTI30K_DIR``, ``PTB_DIR``, ``EWT_TRAIN`` +
-        ``EWT_DEV`` (or ``EWT``, the folder), ``SST2``."""
+        ``TAG_SETS``; budgets ``TRANSLATION_MAX_UPDATE``, ``LM_EPOCHS`` (epochs per LSTM language model),
+        ``LM_TF_EPOCHS`` (per transformer language model), ``LM_LSTM_LR`` (the LSTMs' SGD learning rate),
+        ``TAGGING_PATIENCE``, ``TAGGING_MAX_EPOCH``, ``CLASSIFICATION_MAX_UPDATE``, and ``MAX_UPDATE`` (a cap
+        on every run, for smoke runs); ``JOBS`` runs at once, ``THREADS`` CPU threads each; data
+        ``MULTI30K_DIR``, ``PTB_DIR``, ``EWT_TRAIN`` + ``EWT_DEV`` (or ``EWT``, the folder), ``SST2``."""
         tasks = _words(env, "TASKS", " ".join(TASKS))
         unknown = [t for t in tasks if t not in TASKS]
         if unknown:
@@ -123,6 +124,7 @@ class Settings:
             out=out, tasks=tasks, seeds=seeds, systems=systems, tag_sets=tag_sets,
             translation_max_update=int(_number(env, "TRANSLATION_MAX_UPDATE", 1500)),
             lm_epochs=max(1, int(_number(env, "LM_EPOCHS", 6))),
+            lm_tf_epochs=max(1, int(_number(env, "LM_TF_EPOCHS", 20))),
             lm_lstm_lr=float(_number(env, "LM_LSTM_LR", 10.0, float)),
             tagging_patience=int(_number(env, "TAGGING_PATIENCE", 3)),
             tagging_max_epoch=int(_number(env, "TAGGING_MAX_EPOCH", 100)),
@@ -252,6 +254,13 @@ def _common(settings: Settings, out: Path) -> Dict[str, str]:
     return {"OUT": str(out), "THREADS": str(settings.threads)}
 
 
+def trained_under(train_log: Path, **config: int) -> Tuple[Tuple[Path, str], ...]:
+    """``done_when`` entries: the training log shows these values of fairseq's configuration (fairseq-train
+    prints it at its start: ``'max_epoch': 20,``). With them a run whose budget changed is not finished
+    although its old evaluations are on disk: the runner resumes its training under the new budget."""
+    return tuple((train_log, f"'{name}': {value},") for name, value in config.items())
+
+
 def translation_budget(settings: Settings) -> str:
     return (f"{settings.capped(settings.translation_max_update):,} updates of at most 2,048 tokens per model "
             "(PRESET=small: transformer_posattn 3+3 layers x 128, 4 heads, FFN 512, dropout 0.1; Adam, lr 1e-3, "
@@ -274,26 +283,30 @@ def _translation(settings: Settings) -> List[Run]:
     for seed in settings.seeds["translation"]:
         for system in settings.systems["translation"]:
             out = settings.out / "translation" / system / f"seed{seed}"
-            generated = out / "generate" / f"row{system}"
+            generated, train_log = out / "generate" / f"row{system}", out / "logs" / f"train-row{system}.log"
             runs.append(Run(
                 id=f"translation/{system}/seed{seed}", task="translation", system=system, seed=seed, group="",
                 out_dir=out, recipe=RECIPES["translation"], args=(settings.data["multi30k"],),
                 env={**_common(settings, out), "PREP_OUT": str(data), "PRESET": "small", "VARIANTS": system,
                      "SEED": str(seed), "MAX_UPDATE": str(updates), "STEPS": "train generate",
                      "GEN_SUBSETS": "valid test", "JOBS": "1"},
-                budget=translation_budget(settings), train_log=out / "logs" / f"train-row{system}.log",
+                budget=translation_budget(settings), train_log=train_log,
                 done_when=tuple((generated / f"generate-{subset}.txt", f"Generate {subset} with beam=")
-                                for subset in ("valid", "test")),
+                                for subset in ("valid", "test")) + trained_under(train_log, max_update=updates),
                 depends_on=prep.id,
                 kept=tuple(Kept(f"hypotheses.{subset}.de", generated / f"generate-{subset}.txt",
                                 translations_of=data / "raw" / f"{subset}.de") for subset in ("valid", "test"))))
     return runs
 
 
+def lm_epochs(settings: Settings, system: str) -> int:
+    return settings.lm_epochs if system in LSTM_SYSTEMS else settings.lm_tf_epochs
+
+
 def lm_budget(settings: Settings, system: str) -> str:
     cap = f", at most {settings.max_update:,} updates" if settings.max_update else ""
-    time = (f"{settings.lm_epochs} epochs of PTB{cap} (a number of epochs rather than a training time: the budget "
-            "does not depend on the machine's load, and a run fits in one working session of this machine)")
+    time = (f"{lm_epochs(settings, system)} epochs of PTB{cap} (a number of epochs rather than a training time: the "
+            "budget does not depend on the machine's load, and a run fits in one working session of this machine)")
     if system in LSTM_SYSTEMS:
         return ("Dagan's sizes: embeddings and 2 LSTM layers of 400, tied; dropout 0.5 / 0.2 / 0.5 (the attentive "
                 "models' defaults; lstm_lm: 0.5); batches of 20 sentences; Dagan's optimiser and schedule: SGD, "
@@ -302,6 +315,9 @@ def lm_budget(settings: Settings, system: str) -> str:
                 "positional attentive LSTM, and of 10 and 20 lr 10 learned faster, in a 200-update check on the PTB "
                 "sample); " + time + "; valid every epoch; "
                 "checkpoint_best.pt")
+    if settings.lm_tf_epochs != settings.lm_epochs:
+        time += (f", chosen to take about the wall time of the LSTMs' {settings.lm_epochs} epochs on this machine (the "
+                 "tables' last column compares them)")
     return ("small Transformer LM: 2 layers x 128, FFN 512, 4 heads, tied, dropout 0.1; batches of 32 sentences; "
             "Adam lr 1e-3, inverse sqrt, 100 warm-up updates; " + time + "; valid every epoch; checkpoint_best.pt")
 
@@ -310,9 +326,9 @@ def _language_model(settings: Settings) -> List[Run]:
     runs = []
     for seed in settings.seeds["lm"]:
         for system in settings.systems["lm"]:
-            out = settings.out / "lm" / system / f"seed{seed}"
+            out, epochs = settings.out / "lm" / system / f"seed{seed}", lm_epochs(settings, system)
             env = {**_common(settings, out), "PTB_DIR": settings.data["ptb"], "MODELS": system, "PARALLEL": "1",
-                   "SEED": str(seed), "MAX_UPDATE": str(settings.capped(0)), "MAX_EPOCH": str(settings.lm_epochs),
+                   "SEED": str(seed), "MAX_UPDATE": str(settings.capped(0)), "MAX_EPOCH": str(epochs),
                    "STOP_TIME_HOURS": "0", "VALIDATE": "1",
                    "EVAL_CHECKPOINT": "checkpoint_best.pt"}
             if system in LSTM_SYSTEMS:
@@ -322,11 +338,12 @@ def _language_model(settings: Settings) -> List[Run]:
                 env.update(TF_DIM="128", TF_FFN="512", TF_LAYERS="2", TF_HEADS="4", BATCH_SIZE="32",
                            OPTIMIZER="adam", LR="0.001", WARMUP="100", DROPOUT="0.1")
             logs = out / "logs"
+            train_log = logs / f"train.{system}.log"
             runs.append(Run(
                 id=f"lm/{system}/seed{seed}", task="lm", system=system, seed=seed, group="", out_dir=out,
-                recipe=RECIPES["lm"], args=(), env=env, budget=lm_budget(settings, system),
-                train_log=logs / f"train.{system}.log",
-                done_when=tuple((logs / f"eval.{system}.{subset}.log", "Perplexity:") for subset in ("valid", "test")),
+                recipe=RECIPES["lm"], args=(), env=env, budget=lm_budget(settings, system), train_log=train_log,
+                done_when=tuple((logs / f"eval.{system}.{subset}.log", "Perplexity:") for subset in ("valid", "test"))
+                + trained_under(train_log, max_epoch=epochs, max_update=settings.capped(0)),
                 kept=tuple(Kept(f"eval.{subset}.log", logs / f"eval.{system}.{subset}.log")
                            for subset in ("valid", "test"))))
     return runs
@@ -355,8 +372,9 @@ def _tagging(settings: Settings) -> List[Run]:
                          "MAX_EPOCH": str(settings.tagging_max_epoch), "LR": "0.001",
                          "CHECKPOINT": "checkpoint_best.pt"},
                     budget=tagging_budget(settings), train_log=run_dir / "train.log",
-                    done_when=((run_dir / "validate.log", "valid on 'valid' subset"),
-                               (run_dir / "dev.pred.conllu", "")),
+                    done_when=((run_dir / "validate.log", "valid on 'valid' subset"), (run_dir / "dev.pred.conllu", ""))
+                    + trained_under(run_dir / "train.log", max_epoch=settings.tagging_max_epoch,
+                                    max_update=settings.capped(0), patience=settings.tagging_patience or -1),
                     kept=(Kept("validate.log", run_dir / "validate.log"),
                           Kept(f"dev.pred.{group}", run_dir / "dev.pred.conllu", tags=group))))
     return runs
@@ -380,7 +398,8 @@ def _classification(settings: Settings) -> List[Run]:
                      "MAX_UPDATE": str(settings.capped(settings.classification_max_update)), "BATCH_SIZE": "32",
                      "VALIDATE_EVERY": "50", "LR": "1e-3"},
                 budget=classification_budget(settings), train_log=run_dir / "train.log",
-                done_when=((run_dir / "validate.log", "valid on 'valid' subset"),),
+                done_when=((run_dir / "validate.log", "valid on 'valid' subset"),)
+                + trained_under(run_dir / "train.log", max_update=settings.capped(settings.classification_max_update)),
                 kept=(Kept("validate.log", run_dir / "validate.log"),)))
     return runs
 

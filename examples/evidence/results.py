@@ -431,7 +431,7 @@ def budgets(task: str, settings: Settings) -> List[str]:
     if task == "translation":
         text = [translation_budget(settings)]
     elif task == "lm":
-        return [f"**Seeds**: {seeds}. **Budget**, the same number of epochs for every model:", "",
+        return [f"**Seeds**: {seeds}. **Budget**, the same for every model of a kind:", "",
                 f"- LSTMs: {lm_budget(settings, LSTM_SYSTEMS[0])}.",
                 f"- Transformers: {lm_budget(settings, 'tf_vanilla')}.", ""]
     elif task == "tagging":
@@ -453,10 +453,9 @@ INTRO = {
         "fairseq-eval-lm's over every target token, end of sentence included, from `checkpoint_best.pt` in a "
         "fresh process. Dagan's numbers (test perplexity: LSTM 64.96, attentive 76.56, positional attentive "
         "70.92) come from a different code base, perplexity count and training length: compare the direction, "
-        "not the number. No per-seed significance test (seeds only). The transformer LMs get the LSTMs' number "
-        "of epochs rather than their wall time: they train in about a third of it, and their valid perplexity "
-        "is still falling at the last epoch (the pictures), so they are compared with each other, not with the "
-        "LSTMs.", ""],
+        "not the number. No per-seed significance test (seeds only). The small transformer LMs get about the "
+        "LSTMs' wall time rather than their number of epochs (an epoch of theirs takes about a third of an LSTM "
+        "epoch here): the tables' last column shows how close the wall times came.", ""],
     "tagging": [
         "`examples/pos_tagging/run.sh` on UD English-EWT (train / dev; EWT has no test set in our data and we "
         "report dev), UPOS and XPOS (EWT's XPOS is the Penn Treebank tag set, so XPOS is compared with the "
@@ -504,7 +503,9 @@ def how_made(settings: Settings, finished: int, planned: int) -> List[str]:
         "time of every attempt, commit), the training log, fairseq-eval-lm / fairseq-validate logs, the "
         "detokenized translations, the predicted dev tags. Checkpoints and binarized data stay in "
         f"`{display(settings.out)}/` (not in git), so the runs accumulate across machines: a recorded run is "
-        "finished everywhere, and is done again only when its budget changes or its record is deleted.",
+        "finished everywhere, and is done again only when its budget changes (a larger one trains on from its "
+        "`checkpoint_last.pt` where that is still on disk, and the record then counts both attempts) or its "
+        "record is deleted.",
         "- **Start, or resume after an interruption**, from the repository root: "
         "`nohup bash examples/evidence/run.sh > evidence.log 2>&1 &`. Stop it with `kill -TERM <its pid>`: the "
         "running recipes are stopped and marked interrupted (a runner killed outright, with the machine, leaves "
@@ -517,7 +518,7 @@ def how_made(settings: Settings, finished: int, planned: int) -> List[str]:
         f"`{display(settings.out)}/manifest.json`; each run's recipe output: `recipe.log` in its folder.",
         "- **Selection and budgets** (environment): `TASKS` (default `translation lm tagging classification`), "
         "`SEEDS` or `TRANSLATION_SEEDS` / `LM_SEEDS` / `TAGGING_SEEDS` / `CLASSIFICATION_SEEDS`, "
-        "`<TASK>_SYSTEMS`, `TAG_SETS`, `TRANSLATION_MAX_UPDATE`, `LM_EPOCHS`, `LM_LSTM_LR`, `TAGGING_PATIENCE`, "
+        "`<TASK>_SYSTEMS`, `TAG_SETS`, `TRANSLATION_MAX_UPDATE`, `LM_EPOCHS` (LSTMs), `LM_TF_EPOCHS` (transformers), `LM_LSTM_LR`, `TAGGING_PATIENCE`, "
         "`TAGGING_MAX_EPOCH`, `CLASSIFICATION_MAX_UPDATE`, `JOBS` (runs at once, default 2) and `THREADS` (per "
         "run, default 1), `EVIDENCE_OUT`, and the data folders `MULTI30K_DIR`, `PTB_DIR`, `EWT` (or `EWT_TRAIN` "
         "and `EWT_DEV`), `SST2` (`examples/evidence/evidence_plan.py`).", "",
