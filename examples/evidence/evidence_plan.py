@@ -4,8 +4,10 @@ One run = one task, one system, one seed (and for tagging one tag set), in its o
 ``EVIDENCE_OUT/<task>/[<tag set>/]<system>/seed<N>``, made by the task's recipe under ``examples/``
 with environment variables; a run is finished only when its final artifact is there (translations
 with fairseq-generate's closing BLEU line, fairseq-eval-lm's perplexity, fairseq-validate's
-accuracy) and its training log shows the plan's budget (:func:`trained_under`), and then recorded in git with the files its :class:`Kept` entries name (:mod:`records`). Multi30k is prepared once (``translation/data``: Moses, BPE, spaCy parse, binarization,
-structural side data) and shared by its runs.
+accuracy) and its training log shows the plan's budget (:func:`trained_under`), and then recorded in
+git with the files its :class:`Kept` entries name (:mod:`records`). Multi30k is prepared once
+(``translation/data``: Moses, BPE, spaCy parse, binarization, structural side data) and shared by its
+runs.
 
 Everything is read from the environment (see :class:`Settings`), so that the same command, run again,
 plans the same runs.

@@ -518,10 +518,11 @@ def how_made(settings: Settings, finished: int, planned: int) -> List[str]:
         f"`{display(settings.out)}/manifest.json`; each run's recipe output: `recipe.log` in its folder.",
         "- **Selection and budgets** (environment): `TASKS` (default `translation lm tagging classification`), "
         "`SEEDS` or `TRANSLATION_SEEDS` / `LM_SEEDS` / `TAGGING_SEEDS` / `CLASSIFICATION_SEEDS`, "
-        "`<TASK>_SYSTEMS`, `TAG_SETS`, `TRANSLATION_MAX_UPDATE`, `LM_EPOCHS` (LSTMs), `LM_TF_EPOCHS` (transformers), `LM_LSTM_LR`, `TAGGING_PATIENCE`, "
-        "`TAGGING_MAX_EPOCH`, `CLASSIFICATION_MAX_UPDATE`, `JOBS` (runs at once, default 2) and `THREADS` (per "
-        "run, default 1), `EVIDENCE_OUT`, and the data folders `MULTI30K_DIR`, `PTB_DIR`, `EWT` (or `EWT_TRAIN` "
-        "and `EWT_DEV`), `SST2` (`examples/evidence/evidence_plan.py`).", "",
+        "`<TASK>_SYSTEMS`, `TAG_SETS`, `TRANSLATION_MAX_UPDATE`, `LM_EPOCHS` (LSTMs), `LM_TF_EPOCHS` "
+        "(transformers), `LM_LSTM_LR`, `TAGGING_PATIENCE`, `TAGGING_MAX_EPOCH`, `CLASSIFICATION_MAX_UPDATE`, "
+        "`JOBS` (runs at once, default 2) and `THREADS` (per run, default 1), `EVIDENCE_OUT`, and the data "
+        "folders `MULTI30K_DIR`, `PTB_DIR`, `EWT` (or `EWT_TRAIN` and `EWT_DEV`), `SST2` "
+        "(`examples/evidence/evidence_plan.py`).", "",
     ]
 
 
