@@ -62,10 +62,12 @@ COLUMNS = {
 
 # ------------------------------------------------------------------------------------- statistics
 def mean_sd(values: Sequence[float], digits: int = 2) -> str:
+    """``mean ± sample sd``; one value alone (one seed: no sd to show)."""
     if not values:
         return "–"
-    sd = statistics.stdev(values) if len(values) > 1 else 0.0
-    return f"{statistics.mean(values):.{digits}f} ± {sd:.{digits}f}"
+    if len(values) == 1:
+        return f"{values[0]:.{digits}f}"
+    return f"{statistics.mean(values):.{digits}f} ± {statistics.stdev(values):.{digits}f}"
 
 
 def in_all(n: int) -> str:
