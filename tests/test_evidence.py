@@ -2,7 +2,8 @@
 existing recipe with its budget), the verdict rule and the tagging bootstrap, and, on the shipped PTB
 sample, a tiny set of runs interrupted by SIGTERM and resumed without redoing its finished runs, their
 records (a fresh output folder, as on another machine, redoes nothing), then the results page generated
-from the records alone."""
+from the records alone; and a raised budget, which trains a recorded run on from its last checkpoint
+instead of recording its old evaluations again."""
 
 import datetime
 import json
