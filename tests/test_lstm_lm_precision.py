@@ -22,6 +22,7 @@ from fairseq.data import monolingual_dataset
 from torch import Tensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from fairseq_posattn.models.attentive_lstm_lm import SavedOnCPU
 from model_helpers import TinyTask, build_model
 
 BLOCK = 16
@@ -106,7 +107,32 @@ def test_checkpointing_gives_the_same_gradients(config, flag, device):
     torch.testing.assert_close(loss_checkpointed, loss, rtol=1e-6, atol=0.0)
     assert grads.keys() == grads_checkpointed.keys() == {n for n, _ in plain.named_parameters()}
     for name, grad in grads.items():
-        torch.testing.assert_close(grads_checkpointed[name], grad, rtol=1e-6, atol=1e-7, msg=name)
+        torch.testing.assert_close(grads_checkpointed[name], grad, rtol=1e-6, atol=1e-7,
+                                   msg=lambda details, name=name: f"{name}: {details}")
+
+
+def test_offloaded_tensors_keep_their_strides_and_parameters_stay(device):
+    """What ``--offload-activations`` saves: a transposed activation comes back to its device with
+    its values and strides (save_on_cpu returns it contiguous, and the checkpointed attention then
+    recomputes with other kernels); a parameter and its transpose are never copied."""
+    layer = torch.nn.Linear(4, 3).to(device)
+    x = torch.randn(5, 2, 4, device=device, requires_grad=True).transpose(0, 1)  # non-contiguous
+    with SavedOnCPU():
+        y = torch.tanh(layer(x)) * x.sum(-1, keepdim=True)
+    grad_in, grad_w = torch.autograd.grad(y.square().sum(), (x, layer.weight))
+    x_plain = x.detach().requires_grad_()
+    y_plain = torch.tanh(layer(x_plain)) * x_plain.sum(-1, keepdim=True)
+    expected_in, expected_w = torch.autograd.grad(y_plain.square().sum(), (x_plain, layer.weight))
+    torch.testing.assert_close(grad_in, expected_in, rtol=0, atol=0)
+    torch.testing.assert_close(grad_w, expected_w, rtol=0, atol=0)
+
+    hooks = SavedOnCPU()
+    moved, kept = hooks.pack_hook(x), hooks.pack_hook(layer.weight.t())
+    assert moved[1].device.type == "cpu" and moved[1].stride() == x.stride()
+    assert moved[1].is_pinned() == (device.type == "cuda")
+    restored = hooks.unpack_hook(moved)
+    assert restored.device == x.device and restored.stride() == x.stride() and torch.equal(restored, x)
+    assert kept[0] is None and kept[1]._base is layer.weight
 
 
 def saved_bytes(model, batch: Dict) -> int:

@@ -76,7 +76,7 @@ Activation checkpointing (``--checkpoint-activations``): in training, the attent
 states (the B x T x T scores and weights, Salton's B x T x H tanh, the position generator and the
 mu recurrence) is recomputed in the backward pass instead of kept; the gradients are those of the
 plain model. ``--offload-activations`` sets it too and keeps the other tensors saved for the
-backward pass in CPU memory (``torch.autograd.graph.save_on_cpu``). The LSTMs themselves are not
+backward pass in CPU memory (pinned on CUDA; the parameters stay where they are). The LSTMs themselves are not
 recomputed: cuDNN's dropout between layers would draw other masks the second time. Incremental
 decoding and evaluation (no gradients) never checkpoint.
 """
@@ -116,6 +116,39 @@ def full_precision(device: torch.device) -> ContextManager:
     """A region computed in the dtype of its inputs even under ``torch.autocast`` (``--amp``):
     the callers cast to fp32 themselves."""
     return torch.autocast(device_type=device.type, enabled=False)
+
+
+def is_parameter(tensor: Tensor) -> bool:
+    """Whether ``tensor`` is a parameter or a view of one (a linear layer saves ``W^T``)."""
+    return isinstance(tensor, nn.Parameter) or isinstance(tensor._base, nn.Parameter)
+
+
+class SavedOnCPU(torch.autograd.graph.saved_tensors_hooks):
+    """The tensors saved for the backward pass wait in CPU memory (pinned when they come from
+    CUDA) and return to their device when the backward pass needs them; unlike
+    ``torch.autograd.graph.save_on_cpu``, parameters and views of them stay where they are (they
+    are resident anyway) and every tensor keeps its strides. With save_on_cpu, on an H100 (torch
+    2.11), the checkpointed attention's inputs came back contiguous, so its recomputation ran other
+    kernels than its first pass (``CheckpointError``: other saved shapes), and the LSTM's weight
+    gradients differed from the plain model's (save_on_cpu copies the weights too). Tensors already
+    on the CPU are copied as well: one path on every device, which the CPU tests exercise."""
+
+    def __init__(self) -> None:
+        def pack(tensor: Tensor) -> Tuple[Optional[torch.device], Tensor]:
+            if is_parameter(tensor):
+                return None, tensor
+            pinned = tensor.device.type == "cuda"
+            copy = torch.empty_like(tensor, device="cpu", pin_memory=pinned)  # the same strides
+            copy.copy_(tensor, non_blocking=pinned)  # no wait: only the stream reads it back
+            return tensor.device, copy
+
+        def unpack(packed: Tuple[Optional[torch.device], Tensor]) -> Tensor:
+            device, tensor = packed
+            if device is None:
+                return tensor
+            return tensor.to(device, non_blocking=tensor.is_pinned())
+
+        super().__init__(pack, unpack)
 
 
 def flush_subnormal(grad: Tensor) -> Tensor:
@@ -354,16 +387,15 @@ class AttentiveLSTMDecoder(FairseqIncrementalDecoder):
         src_lengths: Optional[Tensor] = None,
         **unused: Any,
     ) -> Tuple[Tensor, Dict[str, Any]]:
-        with self.saved_activations(prev_output_tokens.device, incremental_state):
+        with self.saved_activations(incremental_state):
             x, extra = self.extract_features(prev_output_tokens, incremental_state=incremental_state)
             return self.output_layer(x), extra
 
-    def saved_activations(self, device: torch.device, incremental_state: Optional[IncrementalState]) -> ContextManager:
+    def saved_activations(self, incremental_state: Optional[IncrementalState]) -> ContextManager:
         """With ``--offload-activations``, in training, the tensors saved for the backward pass
-        (outside the checkpointed attention) wait in CPU memory (``torch.autograd.graph.save_on_cpu``,
-        pinned on CUDA; the weights are copied as well)."""
+        (outside the checkpointed attention) wait in CPU memory (:class:`SavedOnCPU`)."""
         if self.offload_activations and incremental_state is None and torch.is_grad_enabled():
-            return torch.autograd.graph.save_on_cpu(pin_memory=device.type == "cuda")
+            return SavedOnCPU()
         return contextlib.nullcontext()
 
     def normalizer(self, tokens: Tensor) -> Tensor:
