@@ -41,7 +41,8 @@ METRIC_NAMES = {
     "bleu_test": "BLEU, test_2016_flickr", "bleu_valid": "BLEU, validation set",
     "test_ppl": "test perplexity (lower is better)", "valid_ppl": "valid perplexity", "accuracy": "dev accuracy (%)",
     "accuracy_epoch1": "dev accuracy after epoch 1 (%)",
-    "oov_accuracy": "OOV (%)", "ambiguous_accuracy": "ambiguous (%)", "final_accuracy": "final dev accuracy (%)",
+    "oov_accuracy": "accuracy on OOV words (%)", "ambiguous_accuracy": "accuracy on ambiguous words (%)",
+    "final_accuracy": "final dev accuracy (%)",
     "best_accuracy": "best dev accuracy (%)", "epochs": "epochs", "train_hours": "training h",
 }
 BETTER_SIGN = {"test_ppl": -1, "valid_ppl": -1}  # the sign of Δ when the system is better (default +1)
@@ -463,8 +464,10 @@ INTRO = {
         "report dev), UPOS and XPOS (EWT's XPOS is the Penn Treebank tag set, so XPOS is compared with the "
         "paper's PTB results and UPOS with its UD macro means; EWT itself is not among the paper's 47 UD "
         "treebanks). Accuracy over every dev word from `checkpoint_best.pt` (early stopping selects on the dev "
-        "set it is reported on, as the paper's early stopping does on its dev set). p: paired bootstrap over "
-        "dev sentences (1,000 resamples) against SAN+PE[add] of the same seed.", ""],
+        "set it is reported on, as the paper's early stopping does on its dev set); also over OOV words (word "
+        "forms not in the training file) and ambiguous words (forms seen with more than one tag in it), as the "
+        "paper reports. p: paired bootstrap over dev sentences (1,000 resamples) against SAN+PE[add] of the "
+        "same seed.", ""],
     "classification": [
         "`examples/sentence_classification/run.sh` on SST-2 (6,920 train, 872 dev sentences; Wu et al. report "
         "their own split's test set with GloVe vectors). The verdicts use the dev accuracy after the last "
