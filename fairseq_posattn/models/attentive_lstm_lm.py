@@ -76,9 +76,9 @@ Activation checkpointing (``--checkpoint-activations``): in training, the attent
 states (the B x T x T scores and weights, Salton's B x T x H tanh, the position generator and the
 mu recurrence) is recomputed in the backward pass instead of kept; the gradients are those of the
 plain model. ``--offload-activations`` sets it too and keeps the other tensors saved for the
-backward pass in CPU memory (pinned on CUDA; the parameters stay where they are). The LSTMs themselves are not
-recomputed: cuDNN's dropout between layers would draw other masks the second time. Incremental
-decoding and evaluation (no gradients) never checkpoint.
+backward pass in CPU memory (:class:`SavedOnCPU`: pinned on CUDA; the parameters stay where they
+are). The LSTMs themselves are not recomputed: cuDNN's dropout between layers would draw other
+masks the second time. Incremental decoding and evaluation (no gradients) never checkpoint.
 """
 
 import argparse
