@@ -89,7 +89,7 @@ def verdict(claim: Claim, deltas: Dict[int, float], p_values: Dict[int, Optional
     significant = sum(p < SIGNIFICANCE_LEVEL for p in tested)
     sig_text = f" (significant in {significant} of {len(tested)})" if tested else ""
     if n < planned:
-        return f"{INCOMPLETE} ({n} of {planned} seeds)", f"only {n} of {planned} seeds have finished."
+        return f"{INCOMPLETE} ({n} of {planned} seeds)", f"only {n} of {planned} seeds {'has' if n == 1 else 'have'} finished."
     mean = statistics.mean(deltas.values())
     if claim.kind == NO_EFFECT:
         largest = max(abs(d) for d in deltas.values())
@@ -346,12 +346,13 @@ def claim_row(result: ClaimResult, labels: Dict[str, str]) -> str:
     if deltas:
         ours = (f"{mean_sd(list(result.system_values.values()))} vs {mean_sd(list(result.reference_values.values()))};"
                 f" Δ {mean_sd(list(deltas.values()))} ({len(deltas)} seed{'s' * (len(deltas) > 1)})")
+
     def with_p(seed: int) -> str:
         p_value = result.p_values.get(seed)
         return f" (p {p_value:.3f})" if p_value is not None else ""
 
     per_seed = ", ".join(f"s{seed}: {delta:+.2f}{with_p(seed)}" for seed, delta in sorted(deltas.items())) or "–"
-    reading = f" The paper: {claim.reading}." if claim.reading else ""
+    reading = f" {claim.source or 'The paper'}: {claim.reading}." if claim.reading else ""
     return (f"| {labels[claim.system]} vs {labels[claim.reference]} | {METRIC_NAMES[claim.metric]} | {paper} | "
             f"{ours} | {per_seed} | **{judged}** | {why[0].upper() + why[1:]}{reading} |")
 
