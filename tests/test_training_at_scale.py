@@ -211,6 +211,25 @@ def test_checkpointed_gradients_equal_plain_ones(family, variant, left_pad, devi
         torch.testing.assert_close(got[name], grad, rtol=1e-5, atol=1e-6 * max(scale, 1.0), msg=name)
 
 
+#: one variant per family (its last: the combined terms where it has them) for fairseq's offloading
+OFFLOAD_CASES = [(family, list(spec.variants)[-1]) for family, spec in FAMILIES.items()]
+
+
+@pytest.mark.parametrize("family,variant", OFFLOAD_CASES)
+def test_offloaded_checkpoint_gradients_equal_plain_ones(family, variant, device):
+    """``--offload-activations`` (fairseq's checkpoint wrapper keeping each layer's inputs in CPU
+    memory; on a CPU a no-op move, on a GPU a real one) gives the plain model's gradients."""
+    plain, offloaded = build_pair(family, variant, ["--offload-activations"], device)
+    wrapped = [m for m in offloaded.modules() if hasattr(m, "precheckpoint_forward")]
+    assert wrapped, "--offload-activations did not reach the layers"
+    _, expected = output_and_gradients(plain, FAMILIES[family].run, False)
+    _, got = output_and_gradients(offloaded, FAMILIES[family].run, False)
+    assert got.keys() == expected.keys()
+    for name, grad in expected.items():
+        scale = grad.abs().max().item()
+        torch.testing.assert_close(got[name], grad, rtol=1e-5, atol=1e-6 * max(scale, 1.0), msg=name)
+
+
 # ------------------------------------------------------------------------------------ precision
 #: largest relative error (norm of the difference / norm of fp32) of the outputs and of all gradients
 #: as one vector; measured on CPU at most 0.0023 / 0.098 (bf16) and 0.0003 / 0.0085 (fp16)

@@ -34,17 +34,22 @@ def add_layer_wrapping_args(parser: Any) -> None:
     parser.add_argument("--checkpoint-activations", action="store_true",
                         help="checkpoint each layer's activations (recomputed in the backward pass)")
     parser.add_argument("--offload-activations", action="store_true",
-                        help="with --checkpoint-activations: keep the checkpointed activations on the CPU")
+                        help="checkpoint each layer's activations and keep its inputs on the CPU (sets "
+                        "--checkpoint-activations)")
     parser.add_argument("--min-params-to-wrap", type=int, metavar="N",
                         help="with --ddp-backend fully_sharded: wrap layers of at least N parameters")
 
 
 def set_layer_wrapping_defaults(args: Any) -> None:
-    """fairseq's defaults of :func:`add_layer_wrapping_args`' options, where unset."""
+    """fairseq's defaults of :func:`add_layer_wrapping_args`' options, where unset, and its rule that
+    ``--offload-activations`` sets ``--checkpoint-activations`` (as fairseq's ``transformer`` and
+    ``transformer_lm`` architectures do)."""
     for name, default in (("checkpoint_activations", False), ("offload_activations", False),
                           ("min_params_to_wrap", int(1e8))):
         if getattr(args, name, None) is None:
             setattr(args, name, default)
+    if args.offload_activations:
+        args.checkpoint_activations = True
 
 
 def wrap_layer(layer: nn.Module, cfg: Any) -> nn.Module:

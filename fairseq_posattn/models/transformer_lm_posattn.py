@@ -21,7 +21,10 @@ from fairseq.models.transformer_lm import (
 )
 
 from fairseq_posattn.models.hub_loading import PosattnHubMixin
-from fairseq_posattn.models.position_aware_transformer import PositionAwareTransformerDecoder
+from fairseq_posattn.models.position_aware_transformer import (
+    PositionAwareTransformerDecoder,
+    set_layer_wrapping_defaults,
+)
 from fairseq_posattn.models.position_options import (
     DecoderPositionConfig,
     PositionOptionError,
@@ -44,6 +47,7 @@ class PositionAwareTransformerLanguageModel(PosattnHubMixin, TransformerLanguage
         # fairseq's build_model sets the defaults (max_target_positions from tokens_per_sample) and
         # the input embedding (plain, character or adaptive); only the decoder is ours.
         embed_tokens = super().build_model(args, task).decoder.embed_tokens
+        set_layer_wrapping_defaults(args)  # the base architecture has no base_lm_architecture call
         cfg = TransformerConfig.from_namespace(args)
         # from_namespace drops the extra keys of a hydra DictConfig: read our options from args
         options = SidePositionOptions.from_config(
