@@ -89,7 +89,8 @@ def verdict(claim: Claim, deltas: Dict[int, float], p_values: Dict[int, Optional
     significant = sum(p < SIGNIFICANCE_LEVEL for p in tested)
     sig_text = f" (significant in {significant} of {len(tested)})" if tested else ""
     if n < planned:
-        return f"{INCOMPLETE} ({n} of {planned} seeds)", f"only {n} of {planned} seeds {'has' if n == 1 else 'have'} finished."
+        verb = "has" if n == 1 else "have"
+        return f"{INCOMPLETE} ({n} of {planned} seeds)", f"only {n} of {planned} seeds {verb} finished."
     mean = statistics.mean(deltas.values())
     if claim.kind == NO_EFFECT:
         largest = max(abs(d) for d in deltas.values())
