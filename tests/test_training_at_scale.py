@@ -196,19 +196,26 @@ def output_and_gradients(model: nn.Module, run: Callable[[nn.Module, bool], Tens
 
 
 # ------------------------------------------------------------------------------------ checkpointing
-@pytest.mark.parametrize("left_pad", [True, False])
-@pytest.mark.parametrize("family,variant", CASES)
-def test_checkpointed_gradients_equal_plain_ones(family, variant, left_pad, device):
-    plain, checkpointed = build_pair(family, variant, ["--checkpoint-activations"], device)
+def assert_checkpointed_gradients_equal_plain_ones(family: str, variant: str, flag: str, left_pad: bool,
+                                                   device: torch.device) -> None:
+    """With ``flag`` the layers are wrapped by fairseq's checkpoint wrapper and the gradients are the
+    plain model's: the same arithmetic, summed in another order, so equal up to fp32 rounding of the
+    largest values."""
+    plain, checkpointed = build_pair(family, variant, [flag], device)
     wrapped = [m for m in checkpointed.modules() if hasattr(m, "precheckpoint_forward")]
-    assert wrapped, "--checkpoint-activations did not reach the layers"
+    assert wrapped, f"{flag} did not reach the layers"
     _, expected = output_and_gradients(plain, FAMILIES[family].run, left_pad)
     _, got = output_and_gradients(checkpointed, FAMILIES[family].run, left_pad)
     assert got.keys() == expected.keys()
     for name, grad in expected.items():
-        # the same arithmetic, summed in another order: equal up to fp32 rounding of the largest values
         scale = grad.abs().max().item()
         torch.testing.assert_close(got[name], grad, rtol=1e-5, atol=1e-6 * max(scale, 1.0), msg=name)
+
+
+@pytest.mark.parametrize("left_pad", [True, False])
+@pytest.mark.parametrize("family,variant", CASES)
+def test_checkpointed_gradients_equal_plain_ones(family, variant, left_pad, device):
+    assert_checkpointed_gradients_equal_plain_ones(family, variant, "--checkpoint-activations", left_pad, device)
 
 
 #: one variant per family (its last: the combined terms where it has them) for fairseq's offloading
@@ -217,17 +224,9 @@ OFFLOAD_CASES = [(family, list(spec.variants)[-1]) for family, spec in FAMILIES.
 
 @pytest.mark.parametrize("family,variant", OFFLOAD_CASES)
 def test_offloaded_checkpoint_gradients_equal_plain_ones(family, variant, device):
-    """``--offload-activations`` (fairseq's checkpoint wrapper keeping each layer's inputs in CPU
-    memory; on a CPU a no-op move, on a GPU a real one) gives the plain model's gradients."""
-    plain, offloaded = build_pair(family, variant, ["--offload-activations"], device)
-    wrapped = [m for m in offloaded.modules() if hasattr(m, "precheckpoint_forward")]
-    assert wrapped, "--offload-activations did not reach the layers"
-    _, expected = output_and_gradients(plain, FAMILIES[family].run, False)
-    _, got = output_and_gradients(offloaded, FAMILIES[family].run, False)
-    assert got.keys() == expected.keys()
-    for name, grad in expected.items():
-        scale = grad.abs().max().item()
-        torch.testing.assert_close(got[name], grad, rtol=1e-5, atol=1e-6 * max(scale, 1.0), msg=name)
+    """``--offload-activations`` alone (it sets ``--checkpoint-activations``; fairseq's wrapper then
+    keeps each layer's inputs in CPU memory: a no-op move on a CPU, a real one on a GPU)."""
+    assert_checkpointed_gradients_equal_plain_ones(family, variant, "--offload-activations", False, device)
 
 
 # ------------------------------------------------------------------------------------ precision
