@@ -74,6 +74,7 @@ PYTEST_FILES = (
     "tests/test_lstm_lm_precision.py",
     "tests/test_mixed_precision_cli.py",
     "tests/test_distributed.py",
+    "tests/test_attention_terms.py",
 )
 #: fairseq-train's flags for each precision; fp16 and amp need CUDA (fairseq's loss scaler)
 PRECISION_FLAGS: Dict[str, Tuple[str, ...]] = {

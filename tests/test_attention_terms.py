@@ -9,7 +9,7 @@ import torch
 from fairseq_posattn.models.position_options import SidePositionOptions
 from fairseq_posattn.modules.attention import PositionAwareMultiheadAttention
 from fairseq_posattn.modules.position_context import PositionContext
-from fairseq_posattn.modules.position_terms.base import SequenceTooLongError
+from fairseq_posattn.modules.position_terms.base import SequenceTooLongError, lookup
 from fairseq_posattn.modules.position_terms.distance_aware import DistanceAwareScaling
 from fairseq_posattn.modules.position_terms.relative_embeddings import RelativePositionEmbeddings
 from fairseq_posattn.modules.position_terms.registry import all_variants
@@ -191,3 +191,30 @@ def test_no_nan_for_a_single_token(causal):
     x = torch.randn(1, 2, E, dtype=torch.double)
     out, _ = attn(x, x, x, key_padding_mask=context(None, x))
     assert torch.isfinite(out).all()
+
+
+def test_lookup_equals_advanced_indexing_with_repeated_indices(device):
+    table = torch.randn(3, 5, 4, device=device, requires_grad=True)
+    index = torch.randint(0, 5, (6, 7, 2), device=device)  # 84 reads of 5 rows
+    got = lookup(table, 1, index)
+    expected = table[:, index]
+    torch.testing.assert_close(got, expected)
+    upstream = torch.randn_like(expected)
+    (got_grad,) = torch.autograd.grad(got, table, upstream)
+    (expected_grad,) = torch.autograd.grad(expected, table, upstream)
+    torch.testing.assert_close(got_grad, expected_grad)
+
+
+@pytest.mark.parametrize("variant", ["direct-absolute", "direct-relative", "t5-bias"])
+def test_additive_terms_backward_avoids_the_advanced_indexing_backward(variant):
+    """Advanced indexing's backward (index_put_ with accumulate) serialises over repeated indices on
+    CUDA (pytorch/pytorch#41162); a bias table is read at the same entries for every query, key and
+    sentence, so the terms read it through ``lookup``. Left padding: the absolute term's per-sentence path."""
+    attn = build_attention(VARIANTS[variant], causal=False).train()
+    x, mask = batch("left")
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profiler:
+        out, _ = attn(x, x, x, key_padding_mask=context(mask, x), need_weights=False)
+        out.sum().backward()
+    operators = {event.key for event in profiler.key_averages()}
+    assert "aten::index_select" in operators  # the lookup ran
+    assert not operators & {"aten::index_put_", "aten::_index_put_impl_"}, sorted(operators)

@@ -34,6 +34,18 @@ def same_dtype(tensor: Tensor, dtype: torch.dtype) -> Tensor:
     return tensor if tensor.dtype == dtype else tensor.to(dtype)
 
 
+def lookup(table: Tensor, dim: int, index: Tensor) -> Tensor:
+    """``table`` indexed along ``dim`` by ``index`` of any shape, whose dims replace ``dim``.
+
+    The same as advanced indexing, but through ``index_select``, whose backward adds with
+    ``index_add_``: the backward of advanced indexing serialises over repeated indices on CUDA
+    (pytorch/pytorch#41162), and a position table is read at the same few entries thousands of
+    times per batch (a 60 x 60 relative bias cost 1.8 ms a call on an H100, a quarter of a small
+    model's train step).
+    """
+    return table.index_select(dim, index.flatten()).unflatten(dim, index.shape)
+
+
 class SequenceTooLongError(ValueError):
     """A sequence is longer than the positions a term was built for."""
 

@@ -6,7 +6,7 @@ import torch
 from torch import Tensor, nn
 
 from fairseq_posattn.modules.position_context import PositionContext
-from fairseq_posattn.modules.position_terms.base import AdditiveLogitBias, check_length
+from fairseq_posattn.modules.position_terms.base import AdditiveLogitBias, check_length, lookup
 from fairseq_posattn.modules.position_terms.registry import (
     CURVE,
     MATRIX,
@@ -38,8 +38,8 @@ class DirectAbsolutePositionBias(AdditiveLogitBias):
             first_query = src_len - tgt_len
             return self.weight[:, first_query:src_len, :src_len].unsqueeze(0)
         query_pos, key_pos = ctx.query_key_positions(tgt_len, src_len)
-        bias = self.weight[:, query_pos[:, :, None], key_pos[:, None, :]]  # H x B x Tq x Tk
-        return bias.transpose(0, 1)
+        cells = query_pos[:, :, None] * self.max_positions + key_pos[:, None, :]  # B x Tq x Tk
+        return lookup(self.weight.flatten(1), 1, cells).transpose(0, 1)  # B x H x Tq x Tk
 
     def inspect(self, positions: int) -> List[Quantity]:
         """``A^p[:n, :n]`` per head, n = min(positions, t)."""
@@ -62,7 +62,7 @@ class DirectRelativePositionBias(AdditiveLogitBias):
     def forward(self, ctx: PositionContext, tgt_len: int, src_len: int) -> Tensor:
         check_length(src_len, self.max_positions, "the direct relative position vector a^r")
         index = ctx.relative_distances(tgt_len, src_len) + (self.max_positions - 1)
-        return self.weight[:, index].unsqueeze(0)
+        return lookup(self.weight, 1, index).unsqueeze(0)
 
     def inspect(self, positions: int) -> List[Quantity]:
         """``a^r`` per head over ``i - j = -(n - 1) .. n - 1``, n = min(positions, t)."""

@@ -20,7 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from fairseq_posattn.modules.position_context import PositionContext
-from fairseq_posattn.modules.position_terms.base import AdditiveLogitBias
+from fairseq_posattn.modules.position_terms.base import AdditiveLogitBias, lookup
 from fairseq_posattn.modules.position_terms.registry import (
     CURVE,
     TABLE,
@@ -64,7 +64,7 @@ class T5RelativeBias(AdditiveLogitBias):
             ("t5-buckets", self.num_buckets, self.max_distance, self.bidirectional, tgt_len, src_len),
             lambda: relative_buckets(ctx.relative_distances(tgt_len, src_len), self.num_buckets,
                                      self.max_distance, self.bidirectional))
-        return self.table[buckets].permute(2, 0, 1).unsqueeze(0)  # 1 x H x Tq x Tk
+        return lookup(self.table, 0, buckets).permute(2, 0, 1).unsqueeze(0)  # 1 x H x Tq x Tk
 
     def inspect(self, positions: int) -> List[Quantity]:
         """The table (bucket x head), and each head's bias over ``i - j`` for the first
