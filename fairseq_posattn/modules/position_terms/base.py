@@ -40,8 +40,8 @@ def lookup(table: Tensor, dim: int, index: Tensor) -> Tensor:
     The same as advanced indexing, but through ``index_select``, whose backward adds with
     ``index_add_``: the backward of advanced indexing serialises over repeated indices on CUDA
     (pytorch/pytorch#41162), and a position table is read at the same few entries thousands of
-    times per batch (a 60 x 60 relative bias cost 1.8 ms a call on an H100, a quarter of a small
-    model's train step).
+    times per batch (on an H100, the two direct position tables' lookups took 3.5 ms of a 20 ms
+    train step this way).
     """
     return table.index_select(dim, index.flatten()).unflatten(dim, index.shape)
 
