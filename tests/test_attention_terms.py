@@ -218,3 +218,18 @@ def test_additive_terms_backward_avoids_the_advanced_indexing_backward(variant):
     operators = {event.key for event in profiler.key_averages()}
     assert "aten::index_select" in operators  # the lookup ran
     assert not operators & {"aten::index_put_", "aten::_index_put_impl_"}, sorted(operators)
+
+
+def test_left_padded_1d_convolution_shifts_columns_by_an_index_built_once_per_batch():
+    """The column shift of a left-padded batch is its geometry: the first layer builds it, every
+    later layer of the same batch (the same context) only gathers."""
+    attn = build_attention(VARIANTS["conv-1d"], causal=False)
+    x, mask = batch("left")
+    ctx = context(mask, x)
+    first, _ = attn(x, x, x, key_padding_mask=ctx)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profiler:
+        again, _ = attn(x, x, x, key_padding_mask=ctx)
+    operators = {event.key for event in profiler.key_averages()}
+    assert "aten::gather" in operators
+    assert not operators & {"aten::arange", "aten::clamp", "aten::ge", "aten::lt"}, sorted(operators)
+    torch.testing.assert_close(again, first)

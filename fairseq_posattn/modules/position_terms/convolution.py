@@ -185,14 +185,21 @@ class ConvolvedAttention1d(PostSoftmaxTransform):
             num_heads * max_positions, num_heads * max_positions, kernel_size, groups=num_heads
         )
 
-    def _shift_columns(self, matrix: Tensor, shift: Tensor, width: int) -> Tensor:
-        """``out[b, ..., c] = matrix[b, ..., c + shift[b]]`` (zero where out of range), ``width`` columns."""
-        columns = torch.arange(width, device=matrix.device)[None, :] + shift[:, None]  # B x width
-        valid = (columns >= 0) & (columns < matrix.size(-1))
-        index = columns.clamp(0, matrix.size(-1) - 1)
-        index = index[:, None, None, :].expand(matrix.shape[:-1] + (width,))
-        shifted = matrix.gather(-1, index)
-        return shifted * valid[:, None, None, :].to(matrix.dtype)
+    @staticmethod
+    def _shift_columns(matrix: Tensor, ctx: PositionContext, direction: int) -> Tensor:
+        """``out[b, ..., c] = matrix[b, ..., c + direction * left_pads[b]]``, zero where that is out
+        of range: ``direction`` 1 moves each sentence to column 0, -1 back. The index is this batch's
+        geometry, built once for every layer."""
+        width = matrix.size(-1)
+
+        def columns() -> Tensor:  # B x width, possibly out of range
+            return torch.arange(width, device=matrix.device)[None, :] + direction * ctx.left_pads[:, None]
+
+        index = ctx.geometry(("conv-1d-column-index", direction, width), lambda: columns().clamp(0, width - 1))
+        outside = ctx.geometry(("conv-1d-column-outside", direction, width),
+                               lambda: (columns() < 0) | (columns() >= width))
+        shifted = matrix.gather(-1, index[:, None, None, :].expand(matrix.shape))
+        return shifted.masked_fill(outside[:, None, None, :], 0.0)
 
     def _weights(self, width: int, dtype: torch.dtype) -> Tensor:
         """Weights ``(heads, k, width, width)`` as ``[h, a, input column, output column]`` of the
@@ -206,9 +213,9 @@ class ConvolvedAttention1d(PostSoftmaxTransform):
     ) -> Tuple[Tensor, Optional[Tensor]]:
         batch, heads, tgt_len, src_len = probs.shape
         check_length(src_len, self.max_positions, "the 1d attention convolution (t key channels)")
-        left_pads = ctx.left_pads
-        if left_pads is not None:
-            probs = self._shift_columns(probs, left_pads, src_len)
+        left_padded = ctx.left_pads is not None
+        if left_padded:
+            probs = self._shift_columns(probs, ctx, 1)
         weight = ctx.sequence_table(self.table_key(f":{probs.dtype}"), src_len,
                                     lambda n: self._weights(n, probs.dtype))
         if weight is None:
@@ -227,8 +234,8 @@ class ConvolvedAttention1d(PostSoftmaxTransform):
                       else causal_blocks(tgt_len, src_len, self.block_rows))
             out = KeyChannelConvolution.apply(rows, weight, top, 0, blocks)
         out = out.add_(bias[None, :, None, :])
-        if left_pads is not None:
-            out = self._shift_columns(out, -left_pads, src_len)
+        if left_padded:
+            out = self._shift_columns(out, ctx, -1)
         return _rectify(out, blocked), cache
 
     def inspect(self, positions: int) -> List[Quantity]:
