@@ -192,12 +192,11 @@ class ConvolvedAttention1d(PostSoftmaxTransform):
         geometry, built once for every layer."""
         width = matrix.size(-1)
 
-        def columns() -> Tensor:  # B x width, possibly out of range
-            return torch.arange(width, device=matrix.device)[None, :] + direction * ctx.left_pads[:, None]
-
-        index = ctx.geometry(("conv-1d-column-index", direction, width), lambda: columns().clamp(0, width - 1))
-        outside = ctx.geometry(("conv-1d-column-outside", direction, width),
-                               lambda: (columns() < 0) | (columns() >= width))
+        columns = ctx.geometry(  # B x width, possibly out of range
+            ("conv-1d-columns", direction, width),
+            lambda: torch.arange(width, device=matrix.device)[None, :] + direction * ctx.left_pads[:, None])
+        index = ctx.geometry(("conv-1d-column-index", direction, width), lambda: columns.clamp(0, width - 1))
+        outside = ctx.geometry(("conv-1d-column-outside", direction, width), lambda: index != columns)
         shifted = matrix.gather(-1, index[:, None, None, :].expand(matrix.shape))
         return shifted.masked_fill(outside[:, None, None, :], 0.0)
 

@@ -37,8 +37,12 @@ class DirectAbsolutePositionBias(AdditiveLogitBias):
         if ctx.positions is None:  # right padding: token positions are the indices
             first_query = src_len - tgt_len
             return self.weight[:, first_query:src_len, :src_len].unsqueeze(0)
-        query_pos, key_pos = ctx.query_key_positions(tgt_len, src_len)
-        cells = query_pos[:, :, None] * self.max_positions + key_pos[:, None, :]  # B x Tq x Tk
+
+        def flat_cells() -> Tensor:  # B x Tq x Tk: the index of (query position, key position) in A^p's t * t
+            query_pos, key_pos = ctx.query_key_positions(tgt_len, src_len)
+            return query_pos[:, :, None] * self.max_positions + key_pos[:, None, :]
+
+        cells = ctx.geometry(("direct-absolute-cells", self.max_positions, tgt_len, src_len), flat_cells)
         return lookup(self.weight.flatten(1), 1, cells).transpose(0, 1)  # B x H x Tq x Tk
 
     def inspect(self, positions: int) -> List[Quantity]:
