@@ -199,6 +199,42 @@ def test_a_finished_training_is_not_run_again(tmp_path):
     assert more.stdout.count("+ fairseq-train ") == 3  # a longer MAX_UPDATE continues it
 
 
+
+def for_each_run(tmp_path, dry_run: int, failing: str) -> subprocess.CompletedProcess:
+    """examples/lib/commands.sh's for_each_run over 2 variants x 3 seeds, 2 at a time; each run writes
+    its folder, and the run ``failing`` ("VARIANT SEED") fails."""
+    script = f"""
+        set -euo pipefail
+        source {REPO}/examples/lib/commands.sh
+        DRY_RUN={dry_run} VARIANTS="pe_add conv" SEEDS="1 2 3" PARALLEL=2 OUT={tmp_path}
+        one_run() {{
+            [[ "$1 $2" != "{failing}" ]] || return 1
+            mkdir -p "$OUT/runs/$1"; echo "run $1 $2"; echo "$1 $2" > "$OUT/runs/$1/seed$2"
+        }}
+        for_each_run one_run
+        echo "all ended"
+    """
+    return subprocess.run(["bash", "-c", script], capture_output=True, text=True)
+
+
+def test_for_each_run_runs_every_variant_and_seed_and_reports_a_failure(tmp_path):
+    """The loop of the tagging and classification recipes: every (variant, seed) once; a failed run
+    is named with its folder and the others go on."""
+    result = for_each_run(tmp_path, dry_run=0, failing="conv 2")
+    assert result.returncode == 0, result.stderr
+    for variant in ("pe_add", "conv"):
+        for seed in (1, 2, 3):
+            ran = (tmp_path / "runs" / variant / f"seed{seed}").exists()
+            assert ran == ((variant, seed) != ("conv", 2)), (variant, seed)
+    assert f"FAILED conv seed 2 (see {tmp_path}/runs/conv/seed2)" in result.stdout
+    assert result.stdout.splitlines()[-1] == "all ended"
+
+
+def test_for_each_run_prints_a_dry_run_in_order(tmp_path):
+    result = for_each_run(tmp_path, dry_run=1, failing="none")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [f"run {v} {s}" for v in ("pe_add", "conv") for s in (1, 2, 3)] + ["all ended"]
+
 def sample_lines(split: str, lang: str, start: int, n: int) -> List[str]:
     return list(read_lines(os.path.join(SAMPLE, f"{split}.{lang}")))[start:start + n]
 

@@ -1,7 +1,8 @@
 # Shared steps of the structural-position recipes (multi30k_en_de, wmt14_en_de, nist_zh_en).
 # Sourced by each run.sh after its settings; it reads DRY_RUN, STEPS, JOBS, FUSION, STRUCT_CLIP,
 # SEQ_REL_CLIP, VARIANTS, ROW_NAME, OUT, LOGS, PREPARED, DATA_BIN, SPLITS, SRC, TGT, USER_DIR,
-# TRAIN_FLAGS, DEVICE_FLAGS, EXTRA_TRAIN_FLAGS and MAX_UPDATE.
+# TRAIN_FLAGS, DEVICE_FLAGS, EXTRA_TRAIN_FLAGS and MAX_UPDATE; the parse step PARSER_ARGS (or PARSER,
+# STANZA_DIR, SPACY_MODEL, PARSE_WORKERS through set_parser_args), PARSE_SHARDS and PARSE_SHARD_ID.
 
 # Encoder flags of Wang et al.'s Table 1 rows. Rows 1-3 drop the encoder's sequential positions only
 # (--encoder-no-token-positional-embeddings); the decoder keeps its own, as in the paper.
@@ -59,6 +60,37 @@ in_parallel() {
 want() { [[ " $STEPS " == *" $1 "* ]]; }
 start=$SECONDS
 stamp() { echo "==> [$((SECONDS - start)) s] $*"; }
+
+# set_parser_args LANG: PARSER_ARGS, posattn-parse's options for $PARSER (stanza or spacy) on language
+# LANG (reads STANZA_DIR, SPACY_MODEL, PARSE_WORKERS)
+set_parser_args() {
+    case "$PARSER" in
+        stanza) PARSER_ARGS=(--backend stanza --lang "$1" --stanza-dir "$STANZA_DIR" --workers "$PARSE_WORKERS") ;;
+        spacy)  PARSER_ARGS=(--backend spacy --model "$SPACY_MODEL" --workers "$PARSE_WORKERS") ;;
+        *) echo "run.sh: PARSER must be stanza or spacy, got '$PARSER'" >&2; exit 2 ;;
+    esac
+}
+
+# parse_step: the dependency parse of every split's tokenized source ($PREPARED/SPLIT.tok.$SRC ->
+# SPLIT.conllu) by posattn-parse "${PARSER_ARGS[@]}"; a parsed split is skipped. The training split in
+# ${PARSE_SHARDS:-1} resumable shards: a finished shard is never redone; with PARSE_SHARD_ID (0-based)
+# only that shard is parsed and the recipe stops there (one cluster job per shard), and a later run
+# without it merges them
+parse_step() {
+    local shards="${PARSE_SHARDS:-1}" shard_id="${PARSE_SHARD_ID:-}" split shard_args
+    stamp "parse: ${PARSER_ARGS[1]} on $PREPARED/*.tok.$SRC$( (( shards > 1 )) && echo " ($shards training shards)")"
+    for split in "${SPLITS[@]}"; do
+        [[ -f "$PREPARED/$split.conllu" ]] && continue
+        shard_args=()
+        if [[ "$split" == train ]] && { (( shards > 1 )) || [[ -n "$shard_id" ]]; }; then
+            shard_args=(--num-shards "$shards")
+            [[ -n "$shard_id" ]] && shard_args+=(--shard-id "$shard_id")
+        fi
+        run "$LOGS/parse-$split.log" posattn-parse "${PARSER_ARGS[@]}" "${shard_args[@]}" \
+            --input "$PREPARED/$split.tok.$SRC" --output "$PREPARED/$split.conllu"
+    done
+    if [[ -n "$shard_id" ]]; then stamp "parsed training shard $shard_id only"; exit 0; fi
+}
 
 # structure_step: the side data (tree depth and DFS times per BPE piece + EOS) of every split,
 # next to the binarized source; a split that has it already is skipped

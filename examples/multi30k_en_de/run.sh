@@ -111,14 +111,8 @@ if want prepare; then
 fi
 
 # 2. dependency parse of the tokenized English (the words BPE splits) with spaCy's English model
-if want parse; then
-    stamp "parse: spaCy on $PREPARED/{train,valid,test}.tok.$SRC"
-    for split in "${SPLITS[@]}"; do
-        [[ -f "$PREPARED/$split.conllu" ]] && continue
-        run "$LOGS/parse-$split.log" posattn-parse --backend spacy --input "$PREPARED/$split.tok.$SRC" \
-            --output "$PREPARED/$split.conllu" --workers "$CORES"
-    done
-fi
+PARSER_ARGS=(--backend spacy --workers "$CORES")
+if want parse; then parse_step; fi
 
 # 3. fairseq-preprocess: joint dictionary, binarized train/valid/test
 if want binarize; then

@@ -62,11 +62,7 @@ TRAIN_FLAGS=(--arch "$ARCH" --share-decoder-input-output-embed --dropout "$DROPO
 declare -A ROW_NAME=([4]="transformer" [5]="+struct-abs" [6]="+struct-pe" [7]="+rel-seq-pe"
                      [8]="+rel-seq-pe+struct-abs" [9]="+rel-seq-pe+struct-pe")
 source "$REPO_ROOT/examples/lib/structural_recipe.sh"  # Table 1 row flags, run/want/stamp, shared steps
-case "$PARSER" in
-    stanza) PARSER_ARGS=(--backend stanza --lang zh --stanza-dir "$STANZA_DIR" --workers "$PARSE_WORKERS") ;;
-    spacy)  PARSER_ARGS=(--backend spacy --model "$SPACY_MODEL" --workers "$PARSE_WORKERS") ;;
-    *) echo "run.sh: PARSER must be stanza or spacy, got '$PARSER'" >&2; exit 2 ;;
-esac
+set_parser_args zh
 [[ "$SEGMENTER" == stanza || "$SEGMENTER" == none ]] || { echo "run.sh: SEGMENTER must be stanza or none" >&2; exit 2; }
 
 USER_DIR="$REPO_ROOT/fairseq_posattn"
@@ -155,18 +151,7 @@ if want prepare; then
 fi
 
 # 4. dependency parse of the tokenized Chinese, pretokenized: the parse words are the Moses tokens
-if want parse; then
-    stamp "parse: $PARSER on $PREPARED/*.tok.$SRC ($PARSE_SHARDS training shards)"
-    for split in "${SPLITS[@]}"; do
-        [[ -f "$PREPARED/$split.conllu" ]] && continue
-        shards=1; [[ "$split" == train ]] && shards="$PARSE_SHARDS"
-        shard_args=(--num-shards "$shards")
-        [[ "$split" == train && -n "$PARSE_SHARD_ID" ]] && shard_args+=(--shard-id "$PARSE_SHARD_ID")
-        run "$LOGS/parse-$split.log" posattn-parse "${PARSER_ARGS[@]}" "${shard_args[@]}" \
-            --input "$PREPARED/$split.tok.$SRC" --output "$PREPARED/$split.conllu"
-    done
-    if [[ -n "$PARSE_SHARD_ID" ]]; then stamp "parsed training shard $PARSE_SHARD_ID only"; exit 0; fi
-fi
+if want parse; then parse_step; fi
 
 # 5. fairseq-preprocess: --testpref with several prefixes gives the splits test, test1, test2, ...
 if want binarize; then

@@ -40,7 +40,7 @@ LR=${LR:-0.001}
 
 source "$REPO/examples/pos_tagging/variants.sh"
 source "$REPO/examples/lib/device.sh"   # DEVICE_FLAGS (--cpu without a GPU), PRECISION_FLAGS, split_batch
-source "$REPO/examples/lib/commands.sh" # show
+source "$REPO/examples/lib/commands.sh" # show, for_each_run
 split_batch "$MAX_TOKENS" 1 words
 for v in $VARIANTS; do
     [[ -n "${VARIANT_FLAGS[$v]:-}" ]] || { echo "run.sh: unknown variant '$v' (${!VARIANT_FLAGS[*]})" >&2; exit 2; }
@@ -99,17 +99,8 @@ train_and_score() {
     echo "done ${VARIANT_NAME[$variant]} seed $seed"
 }
 
-# (--dry-run: print, in order)
-running=0
-for variant in $VARIANTS; do
-    for seed in $SEEDS; do
-        if (( DRY_RUN )); then train_and_score "$variant" "$seed"; continue; fi
-        ( train_and_score "$variant" "$seed" || echo "FAILED $variant seed $seed (see $OUT/runs/$variant/seed$seed)" ) &
-        running=$((running + 1))
-        if (( running >= PARALLEL )); then wait -n; running=$((running - 1)); fi
-    done
-done
-wait
+# every variant and seed, PARALLEL at a time (--dry-run: printed in order)
+for_each_run train_and_score
 (( DRY_RUN )) && exit 0
 
 # 3. table (mean and sd over seeds) and learning curves (dev accuracy against updates)

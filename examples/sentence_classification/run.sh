@@ -52,7 +52,7 @@ for split in train dev; do
 done
 
 source "$REPO/examples/lib/device.sh"      # DEVICE_FLAGS (--cpu without a GPU), PRECISION_FLAGS, split_batch
-source "$REPO/examples/lib/commands.sh"    # show
+source "$REPO/examples/lib/commands.sh"    # show, for_each_run
 split_batch "$BATCH_SIZE" 1 sentences
 
 DATA=$OUT/data-bin
@@ -112,16 +112,7 @@ train_and_score() {
 }
 
 start=$(date +%s)
-running=0
-for variant in $VARIANTS; do
-    for seed in $SEEDS; do
-        if (( DRY_RUN )); then train_and_score "$variant" "$seed"; continue; fi
-        ( train_and_score "$variant" "$seed" || echo "FAILED $variant seed $seed (see $OUT/runs/$variant/seed$seed)" ) &
-        running=$((running + 1))
-        if (( running >= PARALLEL )); then wait -n; running=$((running - 1)); fi
-    done
-done
-wait
+for_each_run train_and_score
 (( DRY_RUN )) && exit 0
 echo "trainings and re-scoring: $(( $(date +%s) - start )) s wall"
 

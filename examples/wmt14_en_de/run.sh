@@ -61,11 +61,7 @@ TRAIN_FLAGS=(--arch "$ARCH" --share-all-embeddings --dropout "$DROPOUT"
 declare -A ROW_NAME=([4]="transformer" [5]="+struct-abs" [6]="+struct-pe" [7]="+rel-seq-pe"
                      [8]="+rel-seq-pe+struct-abs" [9]="+rel-seq-pe+struct-pe")
 source "$REPO_ROOT/examples/lib/structural_recipe.sh"  # Table 1 row flags, run/want/stamp, shared steps
-case "$PARSER" in
-    stanza) PARSER_ARGS=(--backend stanza --lang en --stanza-dir "$STANZA_DIR" --workers "$PARSE_WORKERS") ;;
-    spacy)  PARSER_ARGS=(--backend spacy --model "$SPACY_MODEL" --workers "$PARSE_WORKERS") ;;
-    *) echo "run.sh: PARSER must be stanza or spacy, got '$PARSER'" >&2; exit 2 ;;
-esac
+set_parser_args en
 
 USER_DIR="$REPO_ROOT/fairseq_posattn"
 RAW="$OUT/raw"; PREPARED="$OUT/prepared"; DATA_BIN="$OUT/data-bin"; LOGS="$OUT/logs"
@@ -147,18 +143,7 @@ fi
 
 # 3. dependency parse of the tokenized English; training data in resumable shards (a finished shard is
 #    never redone; PARSE_SHARD_ID parses one shard only, and a later run without it merges them)
-if want parse; then
-    stamp "parse: $PARSER on $PREPARED/{train,valid,test}.tok.$SRC ($PARSE_SHARDS training shards)"
-    for split in "${SPLITS[@]}"; do
-        [[ -f "$PREPARED/$split.conllu" ]] && continue
-        shards=1; [[ "$split" == train ]] && shards="$PARSE_SHARDS"
-        shard_args=(--num-shards "$shards")
-        [[ "$split" == train && -n "$PARSE_SHARD_ID" ]] && shard_args+=(--shard-id "$PARSE_SHARD_ID")
-        run "$LOGS/parse-$split.log" posattn-parse "${PARSER_ARGS[@]}" "${shard_args[@]}" \
-            --input "$PREPARED/$split.tok.$SRC" --output "$PREPARED/$split.conllu"
-    done
-    if [[ -n "$PARSE_SHARD_ID" ]]; then stamp "parsed training shard $PARSE_SHARD_ID only"; exit 0; fi
-fi
+if want parse; then parse_step; fi
 
 # 4. fairseq-preprocess: joint dictionary, binarized splits
 if want binarize; then
