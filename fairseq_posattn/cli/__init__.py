@@ -11,7 +11,7 @@ import contextlib
 import logging
 import os
 import sys
-from typing import Iterator, Type
+from typing import Callable, Iterator, Tuple, Type
 
 #: Exit status after Ctrl-C (128 + SIGINT), as a shell reports it.
 INTERRUPTED_EXIT_STATUS = 130
@@ -66,3 +66,15 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
     return value
+
+
+def name_and_path(name: str) -> Callable[[str], Tuple[str, str]]:
+    """An argparse ``type`` for ``NAME=PATH`` arguments, ``name`` being what the usage calls the part
+    before ``=`` (``"LABEL"`` gives ``expected LABEL=PATH`` on a malformed one):
+    ``"baseline=gen.txt"`` -> ``("baseline", "gen.txt")``."""
+    def split(text: str) -> Tuple[str, str]:
+        label, sep, path = text.partition("=")
+        if not sep or not label or not path:
+            raise argparse.ArgumentTypeError(f"expected {name}=PATH, got {text!r}")
+        return label, path
+    return split

@@ -20,26 +20,18 @@ the resampling is sacrebleu's: ``SACREBLEU_SEED`` (default 12345), shown in the 
 """
 
 import argparse
-from typing import List, Optional, Tuple
+from typing import List, Optional
 
-from fairseq_posattn.cli import reported_errors, setup_logging
+from fairseq_posattn.cli import name_and_path, reported_errors, setup_logging
 from fairseq_posattn.cli.score import add_remove_bpe_option, target_language
 from fairseq_posattn.data.significance import (INPUT_FORMATS, compare_systems, markdown_table, read_references,
                                                read_system)
 
 
-def named_system(text: str) -> Tuple[str, str]:
-    """``NAME=PATH`` -> ``(NAME, PATH)``."""
-    name, sep, path = text.partition("=")
-    if not sep or not name or not path:
-        raise argparse.ArgumentTypeError(f"expected NAME=PATH, got {text!r}")
-    return name, path
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="posattn-compare", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("systems", nargs="+", type=named_system, metavar="NAME=PATH",
+    parser.add_argument("systems", nargs="+", type=name_and_path("NAME"), metavar="NAME=PATH",
                         help="systems to compare; the first is the baseline")
     parser.add_argument("--ref", required=True, action="append",
                         help="raw reference file, one sentence per line; repeat the option for "

@@ -16,9 +16,9 @@ import argparse
 import json
 import logging
 import os
-from typing import List, Optional, Tuple
+from typing import List, Optional
 
-from fairseq_posattn.cli import reported_errors, setup_logging
+from fairseq_posattn.cli import name_and_path, reported_errors, setup_logging
 from fairseq_posattn.inspect.learning_curves import (
     X_CHOICES,
     curves_json,
@@ -31,17 +31,10 @@ from fairseq_posattn.inspect.learning_curves import (
 logger = logging.getLogger("posattn-learning-curves")
 
 
-def labelled_run(spec: str) -> Tuple[str, str]:
-    label, sep, path = spec.partition("=")
-    if not sep or not label or not path:
-        raise argparse.ArgumentTypeError(f"expected LABEL=PATH, got {spec!r}")
-    return label, path
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="posattn-learning-curves", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--run", type=labelled_run, action="append", required=True, metavar="LABEL=PATH",
+    parser.add_argument("--run", type=name_and_path("LABEL"), action="append", required=True, metavar="LABEL=PATH",
                         help="a run's label and its fairseq-train log; repeat a label for several seeds")
     parser.add_argument("--metric", default="accuracy", help="validation statistic to draw (default: accuracy)")
     parser.add_argument("--x", choices=X_CHOICES, default="num_updates", help="x axis (default: num_updates)")
