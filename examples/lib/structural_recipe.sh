@@ -1,5 +1,6 @@
 # Shared steps of the structural-position recipes (multi30k_en_de, wmt14_en_de, nist_zh_en).
-# Sourced by each run.sh after its settings; it reads DRY_RUN, STEPS, JOBS, FUSION, STRUCT_CLIP,
+# Sourced by each run.sh after its settings; it reads DRY_RUN, STEPS, JOBS (trainings at once, default
+# 1), CORES (fairseq-preprocess workers, default all), FUSION, STRUCT_CLIP,
 # SEQ_REL_CLIP, VARIANTS, ROW_NAME, OUT, LOGS, PREPARED, DATA_BIN, SPLITS, SRC, TGT, USER_DIR,
 # TRAIN_FLAGS, DEVICE_FLAGS, EXTRA_TRAIN_FLAGS and MAX_UPDATE; the parse step PARSER_ARGS (or PARSER,
 # STANZA_DIR, SPACY_MODEL, PARSE_WORKERS through set_parser_args), PARSE_SHARDS and PARSE_SHARD_ID.
@@ -31,6 +32,9 @@ for row in $VARIANTS; do
         exit 2
     }
 done
+
+JOBS="${JOBS:-1}"
+CORES="${CORES:-$(nproc)}"
 
 # run LOG CMD...: print CMD; unless --dry-run, run it with stdout and stderr in LOG (tail shown on failure)
 run() {
@@ -92,6 +96,17 @@ parse_step() {
     if [[ -n "$shard_id" ]]; then stamp "parsed training shard $shard_id only"; exit 0; fi
 }
 
+# binarize_step TEST_PREFIXES: fairseq-preprocess of $PREPARED/{train,valid}.bpe and TEST_PREFIXES
+# (comma-separated: the splits test, test1, ...) into $DATA_BIN, one dictionary for both languages;
+# skipped when $DATA_BIN has it
+binarize_step() {
+    stamp "binarize: fairseq-preprocess -> $DATA_BIN"
+    if [[ -f "$DATA_BIN/dict.$SRC.txt" ]]; then echo "    (done already)"; return 0; fi
+    run "$LOGS/preprocess.log" fairseq-preprocess --source-lang $SRC --target-lang $TGT \
+        --trainpref "$PREPARED/train.bpe" --validpref "$PREPARED/valid.bpe" --testpref "$1" \
+        --destdir "$DATA_BIN" --joined-dictionary --workers "$CORES"
+}
+
 # structure_step: the side data (tree depth and DFS times per BPE piece + EOS) of every split,
 # next to the binarized source; a split that has it already is skipped
 structure_step() {
@@ -118,4 +133,11 @@ train_row() {
         "${TRAIN_FLAGS[@]}" ${ROW_FLAGS[$row]} "${DEVICE_FLAGS[@]}" $EXTRA_TRAIN_FLAGS \
         --save-dir "$save_dir"
     (( DRY_RUN )) || echo "$MAX_UPDATE" > "$save_dir/trained-updates"
+}
+
+# train_step: train_row for every row of $VARIANTS, $JOBS at a time
+train_step() {
+    stamp "train: rows $VARIANTS, $MAX_UPDATE updates each, $JOBS at a time (logs: $LOGS/train-row*.log)"
+    # shellcheck disable=SC2086  # VARIANTS is a word list
+    in_parallel train_row $VARIANTS
 }

@@ -115,23 +115,14 @@ PARSER_ARGS=(--backend spacy --workers "$CORES")
 if want parse; then parse_step; fi
 
 # 3. fairseq-preprocess: joint dictionary, binarized train/valid/test
-if want binarize; then
-    stamp "binarize: fairseq-preprocess -> $DATA_BIN"
-    if [[ -f "$DATA_BIN/dict.$SRC.txt" ]]; then echo "    (done already)"; else
-        run "$LOGS/preprocess.log" fairseq-preprocess --source-lang $SRC --target-lang $TGT \
-            --trainpref "$PREPARED/train.bpe" --validpref "$PREPARED/valid.bpe" --testpref "$PREPARED/test.bpe" \
-            --destdir "$DATA_BIN" --joined-dictionary --workers "$CORES"
-    fi
-fi
+if want binarize; then binarize_step "$PREPARED/test.bpe"; fi
 
 # 4. structural side data (tree depth per BPE piece + EOS) next to the binarized source
 if want structure; then structure_step; fi
 
 # 5. one model per Table 1 row (train_row), $JOBS at a time
 if want train; then
-    stamp "train: rows $VARIANTS, $MAX_UPDATE updates each, $JOBS at a time (logs: $LOGS/train-row*.log)"
-    # shellcheck disable=SC2086
-    in_parallel train_row $VARIANTS
+    train_step
     (( DRY_RUN )) || for row in $VARIANTS; do
         echo "    $(tag "$row"): $(grep -E '\| valid \|' "$LOGS/train-$(tag "$row").log" | tail -n 1 | grep -oE 'loss [0-9.]+ .*ppl [0-9.]+')"
     done

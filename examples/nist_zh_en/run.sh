@@ -155,28 +155,17 @@ if want parse; then parse_step; fi
 
 # 5. fairseq-preprocess: --testpref with several prefixes gives the splits test, test1, test2, ...
 if want binarize; then
-    stamp "binarize: fairseq-preprocess -> $DATA_BIN"
-    if [[ -f "$DATA_BIN/dict.$SRC.txt" ]]; then echo "    (done already)"; else
-        test_prefixes=()
-        for set in $TESTS; do test_prefixes+=("$PREPARED/${SPLIT_OF[$set]}.bpe"); done
-        run "$LOGS/preprocess.log" fairseq-preprocess --source-lang $SRC --target-lang $TGT \
-            --trainpref "$PREPARED/train.bpe" --validpref "$PREPARED/valid.bpe" \
-            --testpref "$(IFS=,; echo "${test_prefixes[*]}")" \
-            --destdir "$DATA_BIN" --joined-dictionary --workers "$(nproc)"
-    fi
+    test_prefixes=()
+    for set in $TESTS; do test_prefixes+=("$PREPARED/${SPLIT_OF[$set]}.bpe"); done
+    binarize_step "$(IFS=,; echo "${test_prefixes[*]}")"
 fi
 
 # 6. structural side data next to the binarized source, same split names
 if want structure; then structure_step; fi
 
-# 7. one model per variant, one after the other. An interrupted training resumes from
+# 7. one model per variant, $JOBS at a time (default 1). An interrupted training resumes from
 #    checkpoint_last.pt; a finished one is skipped (fairseq-train would make one more update)
-if want train; then
-    for row in $VARIANTS; do
-        stamp "train: ${ROW_NAME[$row]} (Table 1 row $row), $MAX_UPDATE updates -> $LOGS/train-row$row.log"
-        train_row "$row"
-    done
-fi
+if want train; then train_step; fi
 
 # 8. every evaluation set with every model; --required-batch-size-multiple 1 keeps the last batch
 if want generate; then

@@ -146,26 +146,14 @@ fi
 if want parse; then parse_step; fi
 
 # 4. fairseq-preprocess: joint dictionary, binarized splits
-if want binarize; then
-    stamp "binarize: fairseq-preprocess -> $DATA_BIN"
-    if [[ -f "$DATA_BIN/dict.$SRC.txt" ]]; then echo "    (done already)"; else
-        run "$LOGS/preprocess.log" fairseq-preprocess --source-lang $SRC --target-lang $TGT \
-            --trainpref "$PREPARED/train.bpe" --validpref "$PREPARED/valid.bpe" --testpref "$PREPARED/test.bpe" \
-            --destdir "$DATA_BIN" --joined-dictionary --workers "$(nproc)"
-    fi
-fi
+if want binarize; then binarize_step "$PREPARED/test.bpe"; fi
 
 # 5. structural side data next to the binarized source
 if want structure; then structure_step; fi
 
-# 6. one model per variant, one after the other. An interrupted training resumes from
+# 6. one model per variant, $JOBS at a time (default 1). An interrupted training resumes from
 #    checkpoint_last.pt; a finished one is skipped (fairseq-train would make one more update)
-if want train; then
-    for row in $VARIANTS; do
-        stamp "train: ${ROW_NAME[$row]} (Table 1 row $row), $MAX_UPDATE updates -> $LOGS/train-row$row.log"
-        train_row "$row"
-    done
-fi
+if want train; then train_step; fi
 
 # 7. newstest2014: beam 4, length penalty 0.6; --required-batch-size-multiple 1 keeps the last batch
 if want generate; then
