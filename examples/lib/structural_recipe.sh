@@ -3,7 +3,8 @@
 # 1), CORES (fairseq-preprocess workers, default all), FUSION, STRUCT_CLIP,
 # SEQ_REL_CLIP, VARIANTS, ROW_NAME, OUT, LOGS, PREPARED, DATA_BIN, SPLITS, SRC, TGT, USER_DIR,
 # TRAIN_FLAGS, DEVICE_FLAGS, EXTRA_TRAIN_FLAGS and MAX_UPDATE; the parse step PARSER_ARGS (or PARSER,
-# STANZA_DIR, SPACY_MODEL, PARSE_WORKERS through set_parser_args), PARSE_SHARDS and PARSE_SHARD_ID.
+# STANZA_DIR, SPACY_MODEL, PARSE_WORKERS through set_parser_args), PARSE_SHARDS and PARSE_SHARD_ID;
+# clean_pairs CLEAN_MAX_LEN and CLEAN_RATIO.
 
 # Encoder flags of Wang et al.'s Table 1 rows. Rows 1-3 drop the encoder's sequential positions only
 # (--encoder-no-token-positional-embeddings); the decoder keeps its own, as in the paper.
@@ -64,6 +65,23 @@ in_parallel() {
 want() { [[ " $STEPS " == *" $1 "* ]]; }
 start=$SECONDS
 stamp() { echo "==> [$((SECONDS - start)) s] $*"; }
+
+# need FILE: stop with a message naming FILE unless it exists (or --dry-run)
+need() { (( DRY_RUN )) || [[ -f "$1" ]] || { echo "run.sh: missing $1 (see README.md for the layout)" >&2; exit 1; }; }
+# clean_pairs SRC TGT OUT_SRC OUT_TGT: keep pairs with both sides non-empty, at most $CLEAN_MAX_LEN words
+# and a word-count ratio (longer / shorter side) of at most $CLEAN_RATIO; a pair with a tab inside is
+# dropped (paste joins on tabs). The corpus step of wmt14_en_de and nist_zh_en
+clean_pairs() {
+    paste "$1" "$2" | awk -F'\t' -v max="$CLEAN_MAX_LEN" -v ratio="$CLEAN_RATIO" \
+        -v out_src="$3" -v out_tgt="$4" '
+        NF == 2 {
+            n = split($1, a, " "); m = split($2, b, " ")
+            if (n >= 1 && m >= 1 && n <= max && m <= max && n <= ratio * m && m <= ratio * n) {
+                print $1 > out_src; print $2 > out_tgt; kept++
+            }
+        }
+        END { printf "kept %d of %d pairs\n", kept, NR }'
+}
 
 # set_parser_args LANG: PARSER_ARGS, posattn-parse's options for $PARSER (stanza or spacy) on language
 # LANG (reads STANZA_DIR, SPACY_MODEL, PARSE_WORKERS)

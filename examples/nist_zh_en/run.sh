@@ -80,20 +80,6 @@ source "$REPO_ROOT/examples/lib/device.sh"  # DEVICE_FLAGS, PRECISION_FLAGS, spl
 split_batch "$MAX_TOKENS" "$UPDATE_FREQ" tokens  # the same tokens per update on any number of GPUs
 TRAIN_FLAGS+=(--max-tokens "$SIZE_PER_DEVICE" --update-freq "$UPDATE_FREQ_PER_DEVICE" "${PRECISION_FLAGS[@]}")
 
-need() { (( DRY_RUN )) || [[ -f "$1" ]] || { echo "run.sh: missing $1 (see README.md for the layout)" >&2; exit 1; }; }
-# clean_pairs SRC TGT OUT_SRC OUT_TGT: keep pairs with both sides non-empty, at most CLEAN_MAX_LEN words
-# and a word-count ratio of at most CLEAN_RATIO; a pair with a tab inside is dropped (paste joins on tabs)
-clean_pairs() {
-    paste "$1" "$2" | awk -F'\t' -v max="$CLEAN_MAX_LEN" -v ratio="$CLEAN_RATIO" \
-        -v out_src="$3" -v out_tgt="$4" '
-        NF == 2 {
-            n = split($1, a, " "); m = split($2, b, " ")
-            if (n >= 1 && m >= 1 && n <= max && m <= max && n <= ratio * m && m <= ratio * n) {
-                print $1 > out_src; print $2 > out_tgt; kept++
-            }
-        }
-        END { printf "kept %d of %d pairs\n", kept, NR }'
-}
 # segment IN OUT: Chinese words separated by spaces (stanza), or IN as it is (SEGMENTER=none)
 segment() {
     if [[ "$SEGMENTER" == stanza ]]; then
