@@ -35,7 +35,7 @@ for row in $VARIANTS; do
 done
 
 JOBS="${JOBS:-1}"
-CORES="${CORES:-$(nproc)}"
+CORES="${CORES:-$(nproc)}"   # before a recipe sets OMP_NUM_THREADS, which nproc obeys
 
 # run LOG CMD...: print CMD; unless --dry-run, run it with stdout and stderr in LOG (tail shown on failure)
 run() {

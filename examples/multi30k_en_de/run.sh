@@ -82,7 +82,6 @@ RAW="$PREP_OUT/raw"; PREPARED="$PREP_OUT/prepared"; DATA_BIN="$PREP_OUT/data-bin
 SRC=en; TGT=de
 SPLITS=(train valid test)
 declare -A RAW_NAME=([train]=train [valid]=val [test]=test_2016_flickr)
-CORES="$(nproc)"   # before OMP_NUM_THREADS, which nproc obeys
 [[ -n "$THREADS" ]] && export OMP_NUM_THREADS="$THREADS" MKL_NUM_THREADS="$THREADS"
 if (( DRY_RUN )); then JOBS=1; fi
 source "$REPO_ROOT/examples/lib/device.sh"  # DEVICE_FLAGS, PRECISION_FLAGS, split_batch
