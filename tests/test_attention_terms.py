@@ -10,6 +10,7 @@ from fairseq_posattn.models.position_options import SidePositionOptions
 from fairseq_posattn.modules.attention import PositionAwareMultiheadAttention
 from fairseq_posattn.modules.position_context import PositionContext
 from fairseq_posattn.modules.position_terms.base import SequenceTooLongError, lookup
+from fairseq_posattn.modules.position_terms.direct import circulant_bias
 from fairseq_posattn.modules.position_terms.distance_aware import DistanceAwareScaling
 from fairseq_posattn.modules.position_terms.relative_embeddings import RelativePositionEmbeddings
 from fairseq_posattn.modules.position_terms.registry import all_variants
@@ -233,3 +234,83 @@ def test_left_padded_1d_convolution_shifts_columns_by_an_index_built_once_per_ba
     assert "aten::gather" in operators
     assert not operators & {"aten::arange", "aten::clamp", "aten::ge", "aten::lt"}, sorted(operators)
     torch.testing.assert_close(again, first)
+
+
+def first_layer_terms(variant: dict, t: int = 60, heads: int = 4):
+    options = SidePositionOptions(side="encoder", causal=False, max_positions=t,
+                                  max_positions_option="--max-source-positions", **variant)
+    options.validate()
+    return options.build_terms(0, heads, 16)
+
+
+def term_of(terms, kind: str):
+    members = [m for group in vars(terms).values() for m in (group if isinstance(group, list) else [group])]
+    found = [term for term in members if type(term).__name__ == kind]
+    assert len(found) == 1, (kind, terms)
+    return found[0]
+
+
+def test_direct_absolute_starts_as_the_authors_glorot_normal():
+    """Keras 2.2.4's glorot_normal, written out: fans (t, t) of each head's t x t matrix, a normal
+    truncated at 2 sd whose sd is divided by 0.8796 (scipy's truncnorm sd) to keep 2 / (t + t)."""
+    torch.manual_seed(0)
+    weight = term_of(first_layer_terms({"direct_position": "absolute"}), "DirectAbsolutePositionBias").weight
+    target_sd = math.sqrt(2.0 / (60 + 60))
+    cut = 2 * target_sd / 0.87962566103423978
+    assert weight.abs().max() <= cut
+    assert weight.abs().max() > 0.9 * cut  # truncated at 2 sd, not clipped elsewhere
+    assert weight.std().item() == pytest.approx(target_sd, rel=0.05)
+    zero = first_layer_terms({"direct_position": "absolute", "direct_position_init": "zero"})
+    assert not term_of(zero, "DirectAbsolutePositionBias").weight.any()
+
+
+def test_circulant_bias_is_the_real_part_of_a_circulant_operator_with_that_spectrum():
+    """TensorFlow's LinearOperatorCirculant(spectrum) is F^-1 diag(spectrum) F; its real part applied to
+    the identity, top-left t x t block, is the bias the authors' code adds at (i, j)."""
+    t, heads = 7, 2
+    spectrum = torch.randn(heads, 2 * t, dtype=torch.float64)
+    identity = torch.eye(2 * t, dtype=torch.complex128)
+    operator = torch.fft.ifft(spectrum[:, :, None] * torch.fft.fft(identity, dim=0), dim=1).real
+    bias = circulant_bias(spectrum, t)
+    for i in range(t):
+        for j in range(t):
+            torch.testing.assert_close(operator[:, i, j], bias[:, i - j + t - 1])
+
+
+def test_direct_relative_starts_at_the_authors_starting_bias():
+    """R ~ glorot_normal of a 1-d shape of 2t entries (both fans sqrt(2t)) read as a spectrum: a
+    bias symmetric in i - j with sd sd_R / sqrt(2N) off the diagonal, sd_R / sqrt(N) at i = j."""
+    torch.manual_seed(0)
+    t, heads = 60, 64
+    terms = first_layer_terms({"direct_position": "relative"}, t=t, heads=heads)
+    weight = term_of(terms, "DirectRelativePositionBias").weight.detach()
+    torch.testing.assert_close(weight, weight.flip(-1))
+    sd_r = math.sqrt(2.0 / (2 * math.sqrt(2 * t)))
+    assert weight[:, t - 1].std().item() == pytest.approx(sd_r / math.sqrt(2 * t), rel=0.25)
+    assert weight[:, t:].std().item() == pytest.approx(sd_r / math.sqrt(4 * t), rel=0.1)
+    zero = first_layer_terms({"direct_position": "relative", "direct_position_init": "zero"})
+    assert not term_of(zero, "DirectRelativePositionBias").weight.any()
+
+
+@pytest.mark.parametrize("variant,fan", [
+    ({"conv_attention": "2d"}, 9),            # Keras Conv2D(1, 3): kernel (3, 3, 1, 1), fans 9 and 9
+    ({"conv_attention": "1d"}, 60 * 3),       # Keras Conv1D(t, 3): kernel (3, t, t), fans 3t and 3t
+])
+def test_convolutions_start_as_the_authors_keras_defaults(variant, fan):
+    kind = "ConvolvedAttention2d" if variant["conv_attention"] == "2d" else "ConvolvedAttention1d"
+    torch.manual_seed(0)
+    conv = term_of(first_layer_terms(variant), kind).conv
+    limit = math.sqrt(6.0 / (fan + fan))  # glorot_uniform
+    assert not conv.bias.any()
+    assert conv.weight.abs().max() <= limit
+    assert conv.weight.abs().max() > 0.9 * limit
+    pytorch = term_of(first_layer_terms(dict(variant, conv_attention_init="pytorch")), kind).conv
+    bound = 1 / math.sqrt(fan)  # PyTorch's default: weight and bias uniform in +-1/sqrt(fan_in)
+    assert pytorch.bias.abs().max() <= bound and pytorch.bias.abs().max() > 0.5 * bound
+    assert pytorch.weight.abs().max() <= bound
+
+
+@pytest.mark.parametrize("flag", [{"direct_position_init": "zero"}, {"conv_attention_init": "pytorch"}])
+def test_an_initialisation_option_without_its_method_is_refused(flag):
+    with pytest.raises(ValueError, match="has no effect without"):
+        first_layer_terms(flag)

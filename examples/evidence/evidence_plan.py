@@ -41,6 +41,8 @@ SYSTEMS: Dict[str, Dict[str, str]] = {
     "tagging": {
         "pe_add": "SAN+PE[add]", "san": "SAN", "pe_con": "SAN+PE[con]", "p_r": "SAN+P+R",
         "temp": "SAN+PE[add]+Temp", "conv": "SAN+PE[add]+Conv", "conv2d": "SAN+PE[add]+Conv2d",
+        "p_r_zero": "SAN+P+R (zero init)", "conv_pt": "SAN+PE[add]+Conv (PyTorch init)",
+        "conv2d_pt": "SAN+PE[add]+Conv2d (PyTorch init)",
     },
     "classification": {
         "vanilla": "Transformer", "shaw": "Transformer-RPR", "da": "DA-Transformer", "nopos": "no positions",

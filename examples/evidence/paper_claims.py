@@ -124,6 +124,10 @@ def _tagging() -> List[Claim]:
         claims += [Claim("tagging", system, "pe_add", "accuracy_epoch1", source=DUFTER_CURVE, group=group, sign=1,
                          reading="convolved attention learns faster: higher dev accuracy after the first epoch")
                    for system in ("conv", "conv2d")]
+        # the authors' initialisations (our defaults) against our earlier ones: measured only
+        claims += [Claim("tagging", system, earlier, metric, group=group)
+                   for system, earlier in (("p_r", "p_r_zero"), ("conv", "conv_pt"), ("conv2d", "conv2d_pt"))
+                   for metric in ("accuracy", "accuracy_epoch1")]
     return claims
 
 

@@ -46,6 +46,27 @@ def lookup(table: Tensor, dim: int, index: Tensor) -> Tensor:
     return table.index_select(dim, index.flatten()).unflatten(dim, index.shape)
 
 
+#: the standard deviation of a unit normal truncated at +-2, by which Keras' truncated "normal"
+#: initialisers divide their scale so that the truncated draw keeps the intended variance
+TRUNCATED_NORMAL_STD = 0.87962566103423978
+
+
+def glorot_(tensor: Tensor, fan_in: float, fan_out: float, distribution: str) -> Tensor:
+    """Glorot and Bengio's initialisation with explicit fans, in place, exactly as Keras 2.2.4's
+    ``glorot_uniform`` / ``glorot_normal`` (``VarianceScaling(1, "fan_avg")``) draw it, which is what
+    Dufter et al.'s released code uses: variance ``2 / (fan_in + fan_out)``, ``uniform`` on
+    ``+-sqrt(6 / (fan_in + fan_out))`` or ``normal`` truncated at two standard deviations (the
+    standard deviation divided by :data:`TRUNCATED_NORMAL_STD` so that the truncated draw keeps the
+    variance). The fans are given because a per-head parameter block is not a 2-d weight matrix."""
+    scale = 1.0 / max(1.0, (fan_in + fan_out) / 2)
+    with torch.no_grad():
+        if distribution == "uniform":
+            limit = (3.0 * scale) ** 0.5
+            return tensor.uniform_(-limit, limit)
+        std = scale ** 0.5 / TRUNCATED_NORMAL_STD
+        return nn.init.trunc_normal_(tensor, 0.0, std, -2 * std, 2 * std)
+
+
 class SequenceTooLongError(ValueError):
     """A sequence is longer than the positions a term was built for."""
 

@@ -6,8 +6,12 @@ renormalised: ``A' = ReLU(conv(S))``, head output ``A' V`` (the ReLU is in the a
 Padding contributes nothing: the kernel hands over ``S`` with zeros wherever a query may not see a key
 or the query row is a pad, and the blocked entries are zeroed again after the convolution. On a causal
 side the window along the query axis covers only the current and the ``k - 1`` earlier rows; in
-incremental decoding those earlier rows come from the cache (``history``). Filters start from
-PyTorch's default convolution initialisation.
+incremental decoding those earlier rows come from the cache (``history``).
+
+The paper gives no initialisation; the authors' released code builds the convolutions with Keras'
+defaults, glorot-uniform filters and a zero bias (our default, ``glorot``); ``pytorch`` keeps
+PyTorch's default convolution initialisation (kaiming-uniform filters, a bias uniform in
+``+-1/sqrt(fan_in)``, e.g. +-0.33 for a 3 x 3 filter: large beside attention weights of about 1/T).
 """
 
 import logging
@@ -18,7 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fairseq_posattn.modules.position_context import PositionContext
-from fairseq_posattn.modules.position_terms.base import PostSoftmaxTransform, check_length, same_dtype
+from fairseq_posattn.modules.position_terms.base import PostSoftmaxTransform, check_length, glorot_, same_dtype
 from fairseq_posattn.modules.position_terms.registry import (
     BARS,
     CURVE,
@@ -60,15 +64,24 @@ def _rectify(out: Tensor, blocked: Optional[Tensor]) -> Tensor:
     return out.relu_()
 
 
+def initialise(conv: nn.Module, init: str, fan_in: int, fan_out: int) -> None:
+    """``glorot``: filters glorot-uniform with one head's fans, bias zero (Keras' ``Conv1D`` /
+    ``Conv2D`` defaults, as the authors' code); ``pytorch``: left as PyTorch drew them."""
+    if init == "glorot":
+        glorot_(conv.weight, fan_in, fan_out, "uniform")
+        nn.init.zeros_(conv.bias)
+
+
 class ConvolvedAttention2d(PostSoftmaxTransform):
     """One k x k filter plus bias per head over the (query, key) matrix, 'same' padding."""
 
-    def __init__(self, num_heads: int, kernel_size: int, causal: bool):
+    def __init__(self, num_heads: int, kernel_size: int, causal: bool, init: str = "glorot"):
         super().__init__()
         self.kernel_size = kernel_size
         self.causal = causal
         self.history_rows = kernel_size - 1 if causal else 0
         self.conv = nn.Conv2d(num_heads, num_heads, kernel_size, groups=num_heads)
+        initialise(self.conv, init, kernel_size ** 2, kernel_size ** 2)  # one channel in and out
 
     def forward(
         self, probs: Tensor, blocked: Optional[Tensor], ctx: PositionContext, history: Optional[Tensor]
@@ -173,7 +186,8 @@ class ConvolvedAttention1d(PostSoftmaxTransform):
     used (:class:`KeyChannelConvolution`); the parameters keep ``nn.Conv1d``'s layout.
     """
 
-    def __init__(self, num_heads: int, kernel_size: int, causal: bool, max_positions: int):
+    def __init__(self, num_heads: int, kernel_size: int, causal: bool, max_positions: int,
+                 init: str = "glorot"):
         super().__init__()
         self.kernel_size = kernel_size
         self.causal = causal
@@ -184,6 +198,7 @@ class ConvolvedAttention1d(PostSoftmaxTransform):
         self.conv = nn.Conv1d(
             num_heads * max_positions, num_heads * max_positions, kernel_size, groups=num_heads
         )
+        initialise(self.conv, init, max_positions * kernel_size, max_positions * kernel_size)  # t channels
 
     @staticmethod
     def _shift_columns(matrix: Tensor, ctx: PositionContext, direction: int) -> Tensor:
@@ -259,6 +274,10 @@ class ConvolvedAttentionMethod(PositionMethod):
                      "al. 2020, 2.5): 1d (+Conv; t key channels, t = {t}) or 2d (+Conv2d; one k x k "
                      "filter per head)", choices=("none", "1d", "2d")),
         MethodOption("conv_attention_kernel", 3, "odd width k of the attention convolution"),
+        MethodOption("conv_attention_init", "glorot",
+                     "initialisation of the attention convolution: glorot (glorot-uniform filters, zero "
+                     "bias: Keras' defaults, as the authors' released code) or pytorch (PyTorch's default "
+                     "convolution initialisation, bias included)", choices=("glorot", "pytorch")),
     )
     benchmark_target = "post_softmax"
     variants = {
@@ -275,10 +294,12 @@ class ConvolvedAttentionMethod(PositionMethod):
         if k < 1 or k % 2 == 0:
             raise PositionOptionError(
                 f"{options.flag('conv_attention_kernel')} must be an odd positive width (3, 5, ...), got {k}")
-        if not self.is_on(options) and k != 3:
-            raise PositionOptionError(
-                f"{options.flag('conv_attention_kernel')} {k} has no effect without "
-                f"{options.flag('conv_attention')} 1d|2d; add it or drop the kernel option")
+        if not self.is_on(options):
+            for name, default in (("conv_attention_kernel", 3), ("conv_attention_init", "glorot")):
+                if getattr(options, name) != default:
+                    raise PositionOptionError(
+                        f"{options.flag(name)} {getattr(options, name)} has no effect without "
+                        f"{options.flag('conv_attention')} 1d|2d; add it or drop {options.flag(name)}")
         if options.conv_attention == "1d" and options.max_positions > 256:
             logger.warning("%s 1d builds a t x t x k filter bank per head with t = %s = %d; consider a smaller %s",
                            options.flag("conv_attention"), options.max_positions_option,
@@ -288,10 +309,10 @@ class ConvolvedAttentionMethod(PositionMethod):
         return options.conv_attention == "1d"
 
     def terms(self, options: Any, layer: LayerSpec) -> List[nn.Module]:
-        k = options.conv_attention_kernel
+        k, init = options.conv_attention_kernel, options.conv_attention_init
         if options.conv_attention == "2d":
-            return [ConvolvedAttention2d(layer.num_heads, k, options.causal)]
-        return [ConvolvedAttention1d(layer.num_heads, k, options.causal, options.max_positions)]
+            return [ConvolvedAttention2d(layer.num_heads, k, options.causal, init)]
+        return [ConvolvedAttention1d(layer.num_heads, k, options.causal, options.max_positions, init)]
 
 
 register(ConvolvedAttentionMethod())

@@ -1,12 +1,17 @@
-"""Direct position interactions (Dufter et al. 2020, section 2.3; see docs/methods.md)."""
+"""Direct position interactions (Dufter et al. 2020, section 2.3; see docs/methods.md).
 
+The paper gives no initialisation; the authors' released code draws ``P`` and ``R`` with Keras'
+``glorot_normal`` (our default, ``glorot``); ``zero`` starts from plain attention instead.
+"""
+
+import math
 from typing import Any, List
 
 import torch
 from torch import Tensor, nn
 
 from fairseq_posattn.modules.position_context import PositionContext
-from fairseq_posattn.modules.position_terms.base import AdditiveLogitBias, check_length, lookup
+from fairseq_posattn.modules.position_terms.base import AdditiveLogitBias, check_length, glorot_, lookup
 from fairseq_posattn.modules.position_terms.registry import (
     CURVE,
     MATRIX,
@@ -23,14 +28,16 @@ class DirectAbsolutePositionBias(AdditiveLogitBias):
     """Absolute interactions ``A + A^p[:T, :T]`` with a learnable ``A^p`` of shape t x t per head.
 
     ``A^p[i, j]`` is indexed by the *token* positions of query i and key j, so a left-padded
-    sentence sees the same entries as when it is alone. Initialised to zero: training starts from
-    plain attention.
+    sentence sees the same entries as when it is alone. ``init``: ``glorot`` draws each head's t x t
+    matrix as the authors' Keras ``glorot_normal`` (fans t and t), ``zero`` starts from plain attention.
     """
 
-    def __init__(self, num_heads: int, max_positions: int):
+    def __init__(self, num_heads: int, max_positions: int, init: str = "glorot"):
         super().__init__()
         self.max_positions = max_positions
         self.weight = nn.Parameter(torch.zeros(num_heads, max_positions, max_positions))
+        if init == "glorot":
+            glorot_(self.weight, max_positions, max_positions, "normal")
 
     def forward(self, ctx: PositionContext, tgt_len: int, src_len: int) -> Tensor:
         check_length(src_len, self.max_positions, "the direct absolute position matrix A^p")
@@ -52,16 +59,37 @@ class DirectAbsolutePositionBias(AdditiveLogitBias):
                          f"learned A^p (first {n} positions)")]
 
 
+def circulant_bias(spectrum: Tensor, max_positions: int) -> Tensor:
+    """``(heads, 2t - 1)``: the bias per ``i - j = -(t-1) .. t-1`` that the real part of a circulant
+    operator of order ``N = 2t`` with ``spectrum`` (heads x N) adds, ``(1/N) sum_k spectrum_k
+    cos(2 pi k (i - j) / N)`` (Dufter et al.'s released code reads its relative vector this way)."""
+    distance = torch.arange(-(max_positions - 1), max_positions, dtype=torch.float64)
+    frequency = torch.arange(spectrum.size(-1), dtype=torch.float64)
+    waves = torch.cos(2 * math.pi * frequency[:, None] * distance[None, :] / spectrum.size(-1))
+    return (spectrum.double() @ waves / spectrum.size(-1)).to(spectrum.dtype)
+
+
 class DirectRelativePositionBias(AdditiveLogitBias):
     """Relative interactions ``A + a^r[i - j + t - 1]`` with a learnable vector of 2t - 1 per head.
 
-    Initialised to zero: training starts from plain attention.
+    ``init``: ``glorot`` starts from the bias that the authors' released code starts from. There,
+    a vector R of 2t entries drawn with Keras' ``glorot_normal`` (a 1-d shape: both fans
+    ``sqrt(2t)``) is the *spectrum* of TensorFlow's ``LinearOperatorCirculant``, whose real part adds
+    ``(1/2t) sum_k R_k cos(pi k (i - j) / t)`` to the logits (:func:`circulant_bias`): symmetric in
+    ``i - j``, standard deviation about 0.02 at t = 60. We draw R the same way and start ``a^r`` at
+    that bias; ``a^r`` itself is then the paper's free entry per ``i - j`` (direction-aware).
+    ``zero`` starts from plain attention.
     """
 
-    def __init__(self, num_heads: int, max_positions: int):
+    def __init__(self, num_heads: int, max_positions: int, init: str = "glorot"):
         super().__init__()
         self.max_positions = max_positions
         self.weight = nn.Parameter(torch.zeros(num_heads, 2 * max_positions - 1))
+        if init == "glorot":
+            spectrum = torch.empty(num_heads, 2 * max_positions)
+            fan = (2 * max_positions) ** 0.5
+            with torch.no_grad():
+                self.weight.copy_(circulant_bias(glorot_(spectrum, fan, fan, "normal"), max_positions))
 
     def forward(self, ctx: PositionContext, tgt_len: int, src_len: int) -> Tensor:
         check_length(src_len, self.max_positions, "the direct relative position vector a^r")
@@ -89,6 +117,10 @@ class DirectPositionMethod(PositionMethod):
         MethodOption("direct_position_layers", "first",
                      "layers with direct position interactions: first (as the paper) or all, each layer "
                      "with its own parameters", choices=("first", "all")),
+        MethodOption("direct_position_init", "glorot",
+                     "initialisation of the direct position parameters: glorot (truncated normal, as the "
+                     "authors' released code) or zero (training starts from plain attention)",
+                     choices=("glorot", "zero")),
     )
     benchmark_target = "additive"
     variants = {
@@ -101,11 +133,14 @@ class DirectPositionMethod(PositionMethod):
         return options.direct_position != "none"
 
     def validate(self, options: Any) -> None:
-        if not self.is_on(options) and options.direct_position_layers != "first":
-            raise PositionOptionError(
-                f"{options.flag('direct_position_layers')} {options.direct_position_layers} has no effect "
-                f"without {options.flag('direct_position')}; add {options.flag('direct_position')} "
-                f"absolute|relative|both or drop {options.flag('direct_position_layers')}")
+        if self.is_on(options):
+            return
+        for name, default in (("direct_position_layers", "first"), ("direct_position_init", "glorot")):
+            if getattr(options, name) != default:
+                raise PositionOptionError(
+                    f"{options.flag(name)} {getattr(options, name)} has no effect without "
+                    f"{options.flag('direct_position')}; add {options.flag('direct_position')} "
+                    f"absolute|relative|both or drop {options.flag(name)}")
 
     def needs_max_positions(self, options: Any) -> bool:
         return self.is_on(options)
@@ -114,7 +149,8 @@ class DirectPositionMethod(PositionMethod):
         if options.direct_position_layers != "all" and layer.index > 0:
             return []
         kinds = {"absolute": DirectAbsolutePositionBias, "relative": DirectRelativePositionBias}
-        return [term(layer.num_heads, options.max_positions) for name, term in kinds.items()
+        return [term(layer.num_heads, options.max_positions, options.direct_position_init)
+                for name, term in kinds.items()
                 if options.direct_position in (name, "both")]
 
 
