@@ -2,7 +2,8 @@
 
 Importing the package applies the compatibility shims (:mod:`fairseq_posattn.compat`, and
 :mod:`fairseq_posattn.distributed_compat` for distributed training on CPU processes and under
-torchrun) and registers the architectures and tasks with fairseq.
+torchrun), makes the plugin's own refusals one line in fairseq's commands
+(:mod:`fairseq_posattn.user_errors`) and registers the architectures and tasks with fairseq.
 """
 
 try:
@@ -15,10 +16,11 @@ except ImportError as e:
         "'fairseq-posattn[fairseq]'`, which picks the right one (README: Install into your own environment)"
     ) from e
 
-from fairseq_posattn import compat, distributed_compat  # noqa: E402
+from fairseq_posattn import compat, distributed_compat, user_errors  # noqa: E402
 
 compat.apply_all()
 distributed_compat.apply_all()
+user_errors.install()
 
 from fairseq_posattn import criterions, models, optim, tasks  # noqa: E402,F401  (registers them with fairseq)
 from fairseq_posattn.data import encoders  # noqa: E402,F401  (--tokenizer posattn_moses, --bpe posattn_subword_nmt)

@@ -19,6 +19,9 @@ Steps, each a row group of the report's table (check, device, setting, result, n
    learning_curves``) become one PNG per family.
 3. **Benchmark**: ``scripts/posattn_benchmark --device cuda`` (train-step time and peak-memory ratios to
    vanilla fairseq, beam-search speed), one row per variant with its target.
+4. **Long language-model blocks** (``long``): the same benchmark for ``transformer_lm_posattn`` against
+   fairseq's ``transformer_lm`` at d = 512, 8 heads, 6 layers, blocks of 512 to 4,096 tokens (16,384
+   tokens per batch), in bf16: where the kernel's paths (SDPA, flex_attention, explicit) matter most.
 
 Everything goes to ``--output`` (default ``gpu-check-output/``): ``report.md``, ``loss-*.png``,
 ``results.json``, the benchmark's own report and every command's log under ``logs/``. The exit
@@ -141,6 +144,7 @@ class Scale:
     cuda_precisions: Tuple[str, ...]
     pytest_args: Tuple[str, ...]
     benchmark_args: Tuple[str, ...]
+    long_lm_args: Tuple[str, ...]
 
 
 #: one variant per kind of term (additive, temperature, 2d and 1d convolution, scaling, relative,
@@ -154,21 +158,33 @@ TINY_BENCHMARK = ("--variants", "struct-rel", "--decode-variants", "struct-rel",
                   "--decode-rounds", "1", "--embed-dim", "16", "--ffn-dim", "32", "--heads", "2", "--layers", "1",
                   "--vocab-size", "64", "--max-tokens", "256", "--max-len", "24", "--max-positions", "32",
                   "--decode-length", "4", "--threads", "1")
+#: the long-block step: one variant per kernel path and method family (flex: P+R, T5, DA, keys-only
+#: RPR; SDPA: ALiBi, RoPE; explicit: RPR with values, +Conv2d), compiled flex_attention on CUDA
+LONG_LM_SIZES = ("--layers", "6", "--embed-dim", "512", "--ffn-dim", "2048", "--heads", "8", "--precision", "bf16",
+                 "--lm-block-tokens", "16384", "--decode-variants", "--vocab-size", "8000")
+FULL_LONG_LM = (*LONG_LM_SIZES, "--lm-block-lengths", "512", "1024", "2048", "4096", "--steps", "5", "--warmup", "3",
+                "--variants", "lm-san-p-r", "lm-t5-bias", "lm-distance-aware", "lm-shaw-keys-only", "lm-alibi",
+                "lm-rotary", "lm-shaw", "lm-conv-2d")
+QUICK_LONG_LM = (*LONG_LM_SIZES, "--lm-block-lengths", "1024", "4096", "--steps", "3", "--warmup", "2",
+                 "--variants", "lm-t5-bias", "lm-distance-aware", "lm-shaw-keys-only")
+TINY_LONG_LM = ("--lm-block-lengths", "16", "32", "--lm-block-tokens", "64", "--decode-variants", "--steps", "1",
+                "--warmup", "0", "--embed-dim", "16", "--ffn-dim", "32", "--heads", "2", "--layers", "1",
+                "--vocab-size", "64", "--threads", "1", "--variants", "lm-distance-aware")
 SCALES: Dict[str, Scale] = {
     "full": Scale(name="full", lines=None, bpe_merges=2000, layers=3, embed_dim=256, ffn_dim=1024, heads=4,
                   lstm_dim=256, max_tokens=4096, lm_batch_size=32, max_update=600, validate_every=100, lr=1e-3,
                   warmup=200, cuda_precisions=("fp16", "bf16", "amp"), pytest_args=(),
-                  benchmark_args=FULL_BENCHMARK),
+                  benchmark_args=FULL_BENCHMARK, long_lm_args=FULL_LONG_LM),
     "quick": Scale(name="quick", lines=None, bpe_merges=2000, layers=2, embed_dim=256, ffn_dim=1024, heads=4,
                    lstm_dim=256, max_tokens=4096, lm_batch_size=32, max_update=300, validate_every=50, lr=1e-3,
                    warmup=100, cuda_precisions=("fp16",), pytest_args=("-m", "not slow"),
-                   benchmark_args=QUICK_BENCHMARK),
+                   benchmark_args=QUICK_BENCHMARK, long_lm_args=QUICK_LONG_LM),
     "tiny": Scale(name="tiny", lines=40, bpe_merges=200, layers=1, embed_dim=16, ffn_dim=32, heads=2, lstm_dim=16,
                   max_tokens=400, lm_batch_size=8, max_update=4, validate_every=2, lr=5e-3, warmup=0,
                   cuda_precisions=("fp16", "bf16", "amp"), pytest_args=("-m", "not slow"),
-                  benchmark_args=TINY_BENCHMARK),
+                  benchmark_args=TINY_BENCHMARK, long_lm_args=TINY_LONG_LM),
 }
-STEPS = ("pytest", "train", "multi", "benchmark")
+STEPS = ("pytest", "train", "multi", "benchmark", "long")
 #: fairseq's data-parallel wrappers that the all-devices step can use; the first is fairseq's default
 DDP_BACKENDS = ("pytorch_ddp", "no_c10d", "legacy_ddp")
 
@@ -744,6 +760,23 @@ def benchmark_step(ctx: Context) -> List[Row]:
     return rows or [Row("benchmark", device, "", "FAILED", f"no table in {output}")]
 
 
+def long_lm_step(ctx: Context) -> List[Row]:
+    """The benchmark's language-model blocks groups at the scale's lengths (bf16 on CUDA); its report is
+    kept beside ours as ``long-lm.md``."""
+    device = ctx.machine.kind
+    output = ctx.output / "long-lm.md"
+    args = [arg for arg in ctx.scale.long_lm_args if not (device == "cpu" and arg in ("--precision", "bf16"))]
+    command = [sys.executable, str(BENCHMARK), "--device", device, "--skip-prepare", "--malloc", "reuse",
+               "--skip-short", "--lm", "--lm-blocks-only", *args, "--output", str(output)]
+    try:
+        run(command, ctx.logs / "long-lm.log", ctx.env(), ctx.cli.timeout)
+    except CommandError as error:
+        if not output.exists():
+            return [Row("long LM blocks", device, " ".join(args), "FAILED", str(error))]
+    rows = benchmark_rows(output.read_text(encoding="utf-8"), device)
+    return rows or [Row("long LM blocks", device, "", "FAILED", f"no table in {output}")]
+
+
 # ------------------------------------------------------------------------------------ orchestration
 def training_runs(ctx: Context) -> Tuple[List[TrainRun], List[TrainRun]]:
     """The one-device runs (every family in every precision) and the all-devices runs (every family
@@ -812,6 +845,9 @@ def check(ctx: Context, log: Callable[[str], None]) -> Tuple[List[Row], List[Tra
     if "benchmark" not in ctx.cli.skip:
         log("benchmark")
         rows += benchmark_step(ctx)
+    if "long" not in ctx.cli.skip:
+        log("long language-model blocks")
+        rows += long_lm_step(ctx)
     return rows, results
 
 

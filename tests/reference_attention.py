@@ -101,7 +101,8 @@ def reference_attention(
                 value = v[j].clone()
                 for term in attn.key_value_terms:
                     c = term.clip
-                    value = value + term.value_table[max(-c, min(c, j - i)) + c]
+                    if term.values:
+                        value = value + term.value_table[max(-c, min(c, j - i)) + c]
                 out[i] += probs[i, j] * value
         heads_out.append(out)
         probs_all[h] = probs

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from fairseq_posattn.models.position_options import SidePositionOptions
-from fairseq_posattn.modules.attention import PositionAwareMultiheadAttention
+from fairseq_posattn.modules.attention import SDPA, PositionAwareMultiheadAttention
 from fairseq_posattn.modules.position_context import PositionContext
 from fairseq_posattn.modules.position_terms.base import SequenceTooLongError, lookup
 from fairseq_posattn.modules.position_terms.direct import circulant_bias
@@ -52,12 +52,12 @@ def batch(padding: str, lengths=(7, 4, 5)):
     return x, (mask if mask.any() else None)
 
 
-def context(mask, x: torch.Tensor) -> PositionContext:
+def context(mask, x: torch.Tensor, causal: bool = False) -> PositionContext:
     """The batch's context as a side builds it: right padding (or none) as a decoder, left padding
     as an encoder (token positions from the mask)."""
     if mask is None:
         mask = torch.zeros(x.size(1), x.size(0), dtype=torch.bool)
-    return PositionContext.from_padding(mask, right_padded=not bool(mask[:, 0].any()))
+    return PositionContext.from_padding(mask, right_padded=not bool(mask[:, 0].any()), causal=causal)
 
 
 def unpadded(length: int) -> PositionContext:
@@ -87,7 +87,7 @@ def test_causal_1d_convolution_in_blocks_matches_reference(variant, block_rows):
 
 def assert_matches_reference(attn: PositionAwareMultiheadAttention, causal: bool, padding: str) -> None:
     x, mask = batch(padding)
-    out, probs = attn(x, x, x, key_padding_mask=context(mask, x), need_head_weights=True,
+    out, probs = attn(x, x, x, key_padding_mask=context(mask, x, causal), need_head_weights=True,
                       attn_mask=causal_mask(x.size(0)) if causal else None)
     for b in range(x.size(1)):
         real = ~mask[b] if mask is not None else torch.ones(x.size(0), dtype=torch.bool)
@@ -110,7 +110,7 @@ def test_gradients_match_finite_differences(variant, causal, padding):
         attn.post_softmax_term.block_rows = 2
     x, mask = batch(padding, lengths=(5, 3))
     names, params = zip(*attn.named_parameters())
-    options = dict(key_padding_mask=context(mask, x), need_weights=False,
+    options = dict(key_padding_mask=context(mask, x, causal), need_weights=False,
                    attn_mask=causal_mask(x.size(0)) if causal else None)
 
     def attend(x, *params):
@@ -121,7 +121,7 @@ def test_gradients_match_finite_differences(variant, causal, padding):
 
 
 def runs_fused(variant: str) -> bool:
-    return not build_attention(VARIANTS[variant], causal=False)._uses_probabilities(need_weights=False)
+    return build_attention(VARIANTS[variant], causal=False).path(False, torch.device("cpu"), False)[0] == SDPA
 
 
 @pytest.mark.parametrize("variant", sorted(filter(runs_fused, VARIANTS)))
@@ -132,8 +132,8 @@ def test_fused_path_equals_explicit_path(variant, causal, padding):
     attn = build_attention(VARIANTS[variant], causal=causal)
     x, mask = batch(padding)
     causal_part = dict(attn_mask=causal_mask(x.size(0))) if causal else {}
-    fused, _ = attn(x, x, x, key_padding_mask=context(mask, x), need_weights=False, **causal_part)
-    explicit, _ = attn(x, x, x, key_padding_mask=context(mask, x), need_weights=True, **causal_part)
+    fused, _ = attn(x, x, x, key_padding_mask=context(mask, x, causal), need_weights=False, **causal_part)
+    explicit, _ = attn(x, x, x, key_padding_mask=context(mask, x, causal), need_weights=True, **causal_part)
     real = ~mask
     torch.testing.assert_close(fused.transpose(0, 1)[real], explicit.transpose(0, 1)[real])
 

@@ -38,7 +38,7 @@ def inputs(side: str, length: int, device: torch.device) -> Tuple[Tensor, Positi
         padding[1, :3] = True
     else:
         padding[1, -3:] = True
-    ctx = PositionContext.from_padding(padding.to(device), right_padded=side == "decoder")
+    ctx = PositionContext.from_padding(padding.to(device), right_padded=side == "decoder", causal=side == "decoder")
     x = torch.randn(length, 2, 16, generator=generator).to(device).requires_grad_()
     causal = torch.triu(torch.full((length, length), float("-inf")), 1).to(device)
     return x, ctx, causal

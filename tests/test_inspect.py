@@ -154,7 +154,7 @@ def own_attention(model, net_input: Dict[str, torch.Tensor]) -> Dict[Tuple[str, 
             expected["encoder", layer] = head_probabilities(
                 module.self_attn, encoder_out["encoder_states"][layer], None, ctx)
         inner = model.decoder(prev, encoder_out=encoder_out)[1]["inner_states"]
-        ctx = PositionContext.from_tokens(prev, model.decoder.padding_idx, right_padded=True)
+        ctx = PositionContext.from_tokens(prev, model.decoder.padding_idx, right_padded=True, causal=True)
         for layer, module in enumerate(model.decoder.layers):
             causal = model.decoder.buffered_future_mask(inner[layer])
             expected["decoder", layer] = head_probabilities(module.self_attn, inner[layer], causal, ctx)

@@ -107,3 +107,50 @@ def test_block_longer_than_the_direct_positions_fails_at_start_up(data_bin, tmp_
     assert "--max-target-positions" in message, message[-2000:]
     assert "--tokens-per-sample 80" in message
     assert not os.path.exists(tmp_path / "ckpt" / "checkpoint_last.pt")
+
+
+def eval_lm(data_bin: str, checkpoint: str, extra: list, runner=run):
+    return runner("fairseq-eval-lm", [data_bin, "--user-dir", USER_DIR, "--path", checkpoint, "--gen-subset", "test",
+                                      "--max-tokens", "4000", "--cpu", "--num-workers", "0", *extra])
+
+
+def one_line_refusal(result) -> str:
+    """The refusal's one line (no traceback), as every plugin refusal in fairseq's commands."""
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    errors = [line for line in result.stderr.splitlines() if ": error: " in line]
+    assert len(errors) == 1 and errors[0].startswith("fairseq-eval-lm: error: "), result.stderr[-3000:]
+    return errors[0]
+
+
+@pytest.fixture(scope="module")
+def short_block_checkpoint(data_bin, tmp_path_factory):
+    """Sinusoidal positions and ALiBi trained on blocks of 16 tokens: no parameter is tied to a length."""
+    save_dir = str(tmp_path_factory.mktemp("ptb_lm_short"))
+    run("fairseq-train", [data_bin, *TINY, "--decoder-alibi", "--sample-break-mode", "none", "--tokens-per-sample",
+                          "16", *TRAINING, "--max-update", "3", "--save-dir", save_dir])
+    return os.path.join(save_dir, "checkpoint_last.pt")
+
+
+def test_eval_lm_beyond_the_training_length_names_the_override_then_scores_every_token(
+        data_bin, short_block_checkpoint):
+    """fairseq alone would skip every block of 64 (longer than the model's 16 positions) and print
+    "Perplexity: 1.00" over 0 tokens; the plugin refuses, naming the override, which then scores all."""
+    blocks = ["--sample-break-mode", "none", "--tokens-per-sample", "64"]
+    line = one_line_refusal(eval_lm(data_bin, short_block_checkpoint, blocks, runner=run_failing))
+    assert "would skip" in line and "16 positions" in line and "'max_target_positions': 64" in line
+    override = ["--model-overrides", "{'max_target_positions': 64}"]
+    for window in ([], ["--context-window", "32"]):
+        output = eval_lm(data_bin, short_block_checkpoint, blocks + override + window)
+        output = output.stdout + output.stderr
+        scored = re.search(r"Evaluated ([0-9,]+) tokens", output)
+        assert scored and int(scored.group(1).replace(",", "")) == count_tokens(f"{PTB}/test.txt"), output[-2000:]
+        perplexity = float(re.search(r"Perplexity: (\S+)", output).group(1))
+        assert math.isfinite(perplexity) and perplexity > 1.5
+
+
+def test_eval_lm_of_a_model_tied_to_its_positions_says_it_cannot_read_longer_blocks(data_bin, checkpoint):
+    """The direct absolute matrix is learned for t = 64 positions: no override can help; the message
+    says which lengths work (an eval-time --max-target-positions would only fail to load the matrix)."""
+    line = one_line_refusal(eval_lm(data_bin, checkpoint, ["--sample-break-mode", "none", "--tokens-per-sample",
+                                                           "128"], runner=run_failing))
+    assert "--tokens-per-sample 64 or less" in line, line

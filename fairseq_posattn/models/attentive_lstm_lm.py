@@ -99,6 +99,7 @@ from fairseq.modules import FairseqDropout
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from fairseq_posattn.models.evaluation_coverage import score_every_block
 from fairseq_posattn.models.hub_loading import PosattnHubMixin
 
 DEFAULT_MAX_TARGET_POSITIONS = int(1e5)
@@ -610,6 +611,7 @@ class AttentiveLSTMLanguageModel(PosattnHubMixin, FairseqLanguageModel):
             checkpoint_activations=args.checkpoint_activations,
             offload_activations=args.offload_activations,
         )
+        score_every_block(task, fixed_limit=None)  # no parameter depends on a position
         return cls(decoder)
 
 

@@ -196,7 +196,7 @@ class PositionAwareTransformerDecoder(TransformerDecoderBase):
             raise ValueError("--decoder-* position terms are causal; full-context alignment is not supported")
         self.position_options.check_length(prev_output_tokens.size(1))
         ctx = PositionContext.from_tokens(prev_output_tokens, self.padding_idx, self.right_padded,
-                                          tables=self.sequence_tables(incremental_state))
+                                          tables=self.sequence_tables(incremental_state), causal=True)
         source, source_padding = None, None
         if encoder_out is not None and len(encoder_out["encoder_out"]) > 0:
             source = encoder_out["encoder_out"][0]

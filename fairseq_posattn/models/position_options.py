@@ -14,7 +14,7 @@ from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from fairseq.dataclass.utils import gen_parser_from_dataclass
 
 from fairseq_posattn.modules import position_terms  # noqa: F401  (registers every method)
-from fairseq_posattn.modules.attention import PositionTerms
+from fairseq_posattn.modules.attention import KERNEL_CHOICES, PositionTerms, flex_attention
 from fairseq_posattn.modules.position_terms.base import SequenceTooLongError
 from fairseq_posattn.modules.position_terms.registry import (
     SIDES,
@@ -34,6 +34,25 @@ T_OPTION = {"encoder": "--max-source-positions", "decoder": "--max-target-positi
 WHAT = {"encoder": "encoder self-attention", "decoder": "decoder (causal) self-attention"}
 
 
+#: the options of the side's attention kernel itself (not of a method)
+KERNEL_OPTIONS = (
+    MethodOption("attention_kernel", "auto",
+                 "kernel of the {what}: auto (fairseq's fused attention or SDPA where the position terms "
+                 "allow it, flex_attention on CUDA where every term has a score_mod form, else the "
+                 "explicit path), explicit (reference and inspection) or flex (wherever the terms allow it; "
+                 "on the CPU flex_attention's unfused implementation)", choices=KERNEL_CHOICES),
+)
+
+
+#: the options that drop a value term (which has no pointwise form)
+KEYS_ONLY_OPTIONS = ("relative_positions_keys_only", "structural_keys_only")
+
+
+def side_options(side: str) -> List[MethodOption]:
+    """Every ``--{side}-*`` option: the kernel's and the methods'."""
+    return [*KERNEL_OPTIONS, *options_of(side)]
+
+
 def _field(side: str, option: MethodOption) -> Tuple[str, Any, Any]:
     kind = ChoiceEnum(list(option.choices)) if option.choices else type(option.default)
     help_text = option.help.format(side=side, what=WHAT[side], t=T_OPTION[side])
@@ -41,7 +60,7 @@ def _field(side: str, option: MethodOption) -> Tuple[str, Any, Any]:
 
 
 def _side_config(side: str) -> type:
-    fields = [_field(side, option) for option in options_of(side)]
+    fields = [_field(side, option) for option in side_options(side)]
     return make_dataclass(f"{side.capitalize()}PositionConfig", fields, bases=(FairseqDataclass,))
 
 
@@ -52,7 +71,7 @@ SIDE_CONFIGS = {"encoder": EncoderPositionConfig, "decoder": DecoderPositionConf
 
 def side_defaults(side: str) -> Dict[str, Any]:
     """Option name (without the side prefix) -> default, for every method ``side`` can take."""
-    return {option.name: option.default for option in options_of(side)}
+    return {option.name: option.default for option in side_options(side)}
 
 
 def add_position_args(parser: Any, side: str) -> None:
@@ -120,6 +139,9 @@ class SidePositionOptions:
 
     def validate(self) -> None:
         """Fail at start-up, naming the option to change, for impossible values or combinations."""
+        if self.attention_kernel not in KERNEL_CHOICES:
+            raise PositionOptionError(f"{self.flag('attention_kernel')} must be one of {list(KERNEL_CHOICES)}, "
+                                      f"got {self.attention_kernel!r}")
         for method in methods_of(self.side):
             for option in method.options:
                 value = self.values[option.name]
@@ -149,9 +171,22 @@ class SidePositionOptions:
 
     def build_terms(self, layer_index: int, num_heads: int, head_dim: int) -> PositionTerms:
         """The position terms of layer ``layer_index`` (0-based) of this side."""
-        terms = PositionTerms()
+        terms = PositionTerms(kernel=self.attention_kernel, where=f"{self.side} self-attention, layer {layer_index}")
         layer = LayerSpec(layer_index, num_heads, head_dim, self.shared)
         for method in self.methods():
             for term in method.terms(self, layer):
                 terms.add(term)
+        if self.attention_kernel == "flex":
+            self._check_flex(terms)
         return terms
+
+    def _check_flex(self, terms: PositionTerms) -> None:
+        """``--{side}-attention-kernel flex`` needs flex_attention and terms with pointwise forms."""
+        if flex_attention is None:
+            raise PositionOptionError(f"{self.flag('attention_kernel')} flex needs torch >= 2.5 "
+                                      f"(torch.nn.attention.flex_attention); use auto or explicit")
+        if terms.post_softmax is not None or any(term.values for term in terms.key_value):
+            raise PositionOptionError(
+                f"{self.flag('attention_kernel')} flex: the attention convolution and the value term of "
+                f"relative embeddings need the whole attention matrix; use auto, or drop the convolution "
+                f"and add {' / '.join(self.flag(name) for name in KEYS_ONLY_OPTIONS if name in self.values)}")

@@ -8,7 +8,7 @@ and the 1d convolution accept, is ``--max-target-positions`` (by default ``--tok
 """
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
 
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer import TransformerConfig
@@ -20,6 +20,7 @@ from fairseq.models.transformer_lm import (
     transformer_lm_gpt,
 )
 
+from fairseq_posattn.models.evaluation_coverage import score_every_block
 from fairseq_posattn.models.hub_loading import PosattnHubMixin
 from fairseq_posattn.models.position_aware_transformer import (
     PositionAwareTransformerDecoder,
@@ -58,7 +59,16 @@ class PositionAwareTransformerLanguageModel(PosattnHubMixin, TransformerLanguage
         decoder = PositionAwareTransformerDecoder(
             cfg, task.target_dictionary, embed_tokens, options, no_encoder_attn=True
         )
+        score_every_block(task, fixed_limit(options, args))
         return cls(decoder)
+
+
+def fixed_limit(options: SidePositionOptions, args: Any) -> Optional[str]:
+    """What ties the model to its t positions (None where only ``max_target_positions`` does)."""
+    tied = [method.name for method in options.methods() if method.needs_max_positions(options)]
+    if getattr(args, "decoder_learned_pos", False) and not getattr(args, "no_token_positional_embeddings", False):
+        tied.insert(0, "learned position embeddings (--decoder-learned-pos)")
+    return " and ".join(tied) or None
 
 
 def check_block_fits(options: Any, task: Any) -> None:
@@ -68,8 +78,9 @@ def check_block_fits(options: Any, task: Any) -> None:
     if options.needs_max_positions() and tokens_per_sample is not None and tokens_per_sample > options.max_positions:
         raise PositionOptionError(
             f"--tokens-per-sample {tokens_per_sample} is longer than the {options.max_positions} "
-            f"positions of the decoder's position terms; raise --max-target-positions to at least "
-            f"{tokens_per_sample} or lower --tokens-per-sample")
+            f"positions the decoder's position terms learn: to train, raise --max-target-positions to at "
+            f"least {tokens_per_sample}; to evaluate a trained model, use --tokens-per-sample "
+            f"{options.max_positions} or less")
 
 
 @register_model_architecture("transformer_lm_posattn", "transformer_lm_posattn_big")

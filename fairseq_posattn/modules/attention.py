@@ -11,9 +11,23 @@ Order of operations for one head (docs/methods.md, Order of operations in one he
 6. softmax; post-softmax transform (convolution), which re-masks;
 7. dropout; ``probs v`` plus the augmentations' value term; output projection.
 
-When only query/key transforms, additive biases and temperature are on and no weights are asked
-for, steps 2-7 run in ``F.scaled_dot_product_attention`` with the biases and masks folded into one
-float mask.
+**Kernel paths.** Each term declares its forms (:mod:`~fairseq_posattn.modules.position_terms.base`):
+the explicit one of its kind, and a pointwise ``score_mod`` where it is a function of the logit and
+of tensors prepared once per batch. Each call takes the path its terms allow (:meth:`path`):
+
+- ``sdpa``: ``F.scaled_dot_product_attention`` with the biases and masks folded into one float mask,
+  when only query/key transforms, temperature and additive biases are on;
+- ``flex_attention``: on CUDA, when every term that changes a logit has a ``score_mod`` form and at
+  least one of them learns or rescales (compiled ``flex_attention``, a block mask for padding and
+  causality prepared once per batch; no (length x length) tensor is kept for the backward pass);
+- ``explicit``: steps 2-7 written out, when a term needs the attention matrix (the convolutions, the
+  value term of relative embeddings) or the call asks for the weights.
+
+``--{side}-attention-kernel explicit`` forces the explicit path (reference, inspection); ``flex``
+forces flex_attention where the terms allow it (on the CPU its eager, unfused implementation: for
+checks, and for no-grad scoring). Every path computes the same function (tested). A decoding step
+(one query) and a training step with attention dropout take the explicit or SDPA path: flex_attention
+has no dropout.
 
 The module subclasses fairseq's :class:`~fairseq.modules.MultiheadAttention`, so its projection
 parameters have fairseq's names, and reuses fairseq's incremental-state buffer and reordering.
@@ -30,25 +44,39 @@ Precision: the softmax, and every term's sensitive part, run in fp32 and are cas
 model's dtype (``--fp16`` / ``--bf16``), as fairseq's own attention does for its softmax.
 """
 
+import logging
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
 from fairseq.modules import MultiheadAttention
 from torch import Tensor, nn
 
-from fairseq_posattn.modules.position_context import PositionContext
+from fairseq_posattn.modules.position_context import BlockedEntries, PositionContext, Preparation
 from fairseq_posattn.modules.position_terms.base import (
     AdditiveLogitBias,
     KeyValueAugmentation,
     LogitScaling,
+    PositionTerm,
     PostSoftmaxTransform,
     QueryKeyTransform,
+    ScoreMod,
     at_least_fp32,
     same_dtype,
 )
 from fairseq_posattn.modules.position_terms.temperature import LearnableTemperature
+
+try:  # PyTorch >= 2.5
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+except ImportError:  # pragma: no cover - older torch: the kernel never takes the flex path
+    create_block_mask = flex_attention = None
+
+logger = logging.getLogger(__name__)
+
+EXPLICIT, SDPA, FLEX = "explicit", "sdpa", "flex_attention"
+#: ``--{side}-attention-kernel`` values
+KERNEL_CHOICES = ("auto", "explicit", "flex")
 
 
 @dataclass
@@ -61,6 +89,9 @@ class PositionTerms:
     key_value: List[KeyValueAugmentation] = field(default_factory=list)
     post_softmax: Optional[PostSoftmaxTransform] = None
     temperature: Optional[LearnableTemperature] = None
+    #: ``--{side}-attention-kernel`` and the layer's name in the log ("encoder self-attention, layer 0")
+    kernel: str = "auto"
+    where: str = "self-attention"
 
     def add(self, term: nn.Module) -> None:
         """File ``term`` under its kind (at most one scaling, post-softmax and temperature term)."""
@@ -107,6 +138,8 @@ class PositionAwareMultiheadAttention(MultiheadAttention):
         self.key_value_terms = nn.ModuleList(terms.key_value)
         self.post_softmax_term = terms.post_softmax
         self.temperature = terms.temperature
+        self.kernel, self.where = terms.kernel, terms.where
+        self._logged_paths: set = set()
         #: inspection (``posattn-inspect``): keep the last pass's softmax matrix S, before any
         #: post-softmax transform, in ``last_softmax`` (batch x heads x tgt x src)
         self.keep_attention_maps = False
@@ -126,11 +159,44 @@ class PositionAwareMultiheadAttention(MultiheadAttention):
         q = F.linear(x, q_w, self.q_proj.bias) * self.scaling
         return split(q), split(F.linear(x, k_w, self.k_proj.bias)), split(F.linear(x, v_w, self.v_proj.bias))
 
-    def _uses_probabilities(self, need_weights: bool) -> bool:
-        return (
-            need_weights or self.scaling_term is not None or len(self.key_value_terms) > 0
-            or self.post_softmax_term is not None
-        )
+    # ----------------------------------------------------------------- kernel paths
+    def score_terms(self) -> List[PositionTerm]:
+        """The terms that change the logits, in the order of docs/methods.md (keys, scaling, biases)."""
+        scaling = [self.scaling_term] if self.scaling_term is not None else []
+        return [*self.key_value_terms, *scaling, *self.additive_terms]
+
+    def needs_matrix(self) -> bool:
+        """A term needs the attention matrix itself: a post-softmax transform or a value term."""
+        return self.post_softmax_term is not None or any(term.values for term in self.key_value_terms)
+
+    def fusable(self) -> bool:
+        """Every term of the layer has a pointwise form (``flex`` is allowed)."""
+        return not self.needs_matrix() and all(
+            type(term).score_mod is not PositionTerm.score_mod for term in self.score_terms())
+
+    def path(self, need_weights: bool, device: torch.device, decoding: bool) -> Tuple[str, str]:
+        """The path of one call and why, derived from what the terms declare (module docstring)."""
+        if need_weights:
+            return EXPLICIT, "the attention weights were asked for"
+        if self.kernel == "explicit":
+            return EXPLICIT, "--attention-kernel explicit"
+        if self.needs_matrix():
+            return EXPLICIT, "a term needs the attention matrix (convolution or value term)"
+        rescales = self.scaling_term is not None or len(self.key_value_terms) > 0
+        learned = any(True for term in self.additive_terms for _ in term.parameters())
+        possible = (flex_attention is not None and not decoding and not (self.training and self.dropout_module.p > 0)
+                    and (device.type == "cuda" or not torch.is_grad_enabled()))  # no backward on the CPU
+        if possible and (self.kernel == "flex" or (device.type == "cuda" and (rescales or learned))):
+            return FLEX, "every term has a score_mod form"
+        if not rescales:
+            return SDPA, "query/key transforms and additive biases only"
+        return EXPLICIT, "a term rescales the logits and flex_attention is not used here"
+
+    def _log_path(self, path: str, reason: str) -> None:
+        """Say once per layer and path which path it takes (not from a compiled graph: eager calls say it)."""
+        if not torch.compiler.is_compiling() and path not in self._logged_paths:
+            self._logged_paths.add(path)
+            logger.info("%s: %s kernel (%s)", self.where, path, reason)
 
     # ----------------------------------------------------------------- forward
     def forward(
@@ -153,6 +219,7 @@ class PositionAwareMultiheadAttention(MultiheadAttention):
         ctx = require_context(key_padding_mask)
         need_weights = need_weights or need_head_weights
         tgt_len, bsz, _ = query.shape
+        check_causality(ctx, attn_mask, tgt_len)
         q, k, v = self._project(query)
         for term in self.query_key_terms:  # the current tokens', before the cache
             q, k = term(q, k, ctx)
@@ -164,8 +231,12 @@ class PositionAwareMultiheadAttention(MultiheadAttention):
             v = torch.cat([saved_state["prev_value"], v], dim=2)
             history = saved_state.get("prev_attn_rows")
 
-        if self._uses_probabilities(need_weights):
+        path, reason = self.path(need_weights, q.device, decoding=saved_state is not None)
+        self._log_path(path, reason)
+        if path == EXPLICIT:
             out, probs, rows = self._attend_explicitly(q, k, v, ctx, attn_mask, history)
+        elif path == FLEX:
+            out, probs, rows = self._attend_flex(q, k, v, ctx), None, None
         else:
             out, probs, rows = self._attend_fused(q, k, v, ctx, attn_mask), None, None
 
@@ -197,10 +268,21 @@ class PositionAwareMultiheadAttention(MultiheadAttention):
         dropout_p = self.dropout_module.p if self.training else 0.0
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=1.0)
 
-    def _attend_explicitly(
-        self, q: Tensor, k: Tensor, v: Tensor, ctx: PositionContext,
-        attn_mask: Optional[Tensor], history: Optional[Tensor],
-    ) -> Tuple[Tensor, Tensor, Optional[Tensor]]:
+    def score_mod(self, ctx: PositionContext, q: Tensor, src_len: int) -> ScoreMod:
+        """The layer's terms composed into one ``score_mod``, in the kernel's order."""
+        mods = [term.score_mod(ctx, q, src_len) for term in self.score_terms()]
+        if any(mod is None for mod in mods):
+            raise ValueError(f"{self.where}: a term has no score_mod form: {self.score_terms()}")
+        return compose(mods)
+
+    def _attend_flex(self, q: Tensor, k: Tensor, v: Tensor, ctx: PositionContext) -> Tensor:
+        tgt_len, src_len = q.size(2), k.size(2)
+        block_mask = ctx.prepared(FlexBlockMask(tgt_len, src_len))
+        return flex_kernel(q.device)(q, k, v, score_mod=self.score_mod(ctx, q, src_len),
+                                     block_mask=block_mask, scale=1.0)
+
+    def explicit_logits(self, q: Tensor, k: Tensor, ctx: PositionContext, attn_mask: Optional[Tensor]) -> Tensor:
+        """Steps 2-5 written out: ``(batch, heads, tgt_len, src_len)`` logits, -inf where masked."""
         tgt_len, src_len = q.size(2), k.size(2)
         # the logits are a fresh tensor (as is the scaling term's result, in fp32) that no backward
         # pass needs: the terms and masks go in place, without another (tgt_len x src_len) tensor
@@ -213,7 +295,14 @@ class PositionAwareMultiheadAttention(MultiheadAttention):
             logits.add_(same_dtype(term.bias(ctx, tgt_len, src_len), logits.dtype))
         if attn_mask is not None:
             logits.add_(same_dtype(attn_mask, logits.dtype))
-        logits.masked_fill_(ctx.key_padding_4d(), float("-inf"))
+        return logits.masked_fill_(ctx.key_padding_4d(), float("-inf"))
+
+    def _attend_explicitly(
+        self, q: Tensor, k: Tensor, v: Tensor, ctx: PositionContext,
+        attn_mask: Optional[Tensor], history: Optional[Tensor],
+    ) -> Tuple[Tensor, Tensor, Optional[Tensor]]:
+        tgt_len, src_len = q.size(2), k.size(2)
+        logits = self.explicit_logits(q, k, ctx, attn_mask)
         probs = same_dtype(torch.softmax(logits, dim=-1, dtype=at_least_fp32(logits.dtype)), v.dtype)  # as fairseq
 
         rows: Optional[Tensor] = None
@@ -221,17 +310,15 @@ class PositionAwareMultiheadAttention(MultiheadAttention):
             self.last_softmax = probs.detach() if self.keep_attention_maps else None
         if self.post_softmax_term is not None:
             # the softmax gave blocked keys zero weight already; padded query rows get zeros too
-            probs = probs.masked_fill(ctx.geometry(
-                ("query-padding-4d", tgt_len), lambda: ctx.query_padding_mask(tgt_len)[:, None, :, None]), 0.0)
-            blocked = ctx.geometry(  # a side hands every layer the same causal mask (or none)
-                ("blocked", tgt_len, src_len, attn_mask is None),
-                lambda: blocked_entries(attn_mask, ctx.padding_mask, ctx.query_padding_mask(tgt_len)))
+            probs = probs.masked_fill(ctx.query_padding_mask(tgt_len)[:, None, :, None], 0.0)
+            blocked = ctx.prepared(BlockedEntries(tgt_len, src_len))
             probs, rows = self.post_softmax_term(probs, blocked, ctx, history)
 
         dropped = self.dropout_module(probs)
         out = torch.matmul(dropped, v)
         for term in self.key_value_terms:
-            out.add_(term.value_output(dropped, ctx))
+            if term.values:
+                out.add_(term.value_output(dropped, ctx))
         return out, probs, rows
 
 
@@ -245,21 +332,62 @@ def require_context(key_padding_mask: Optional[PositionContext]) -> PositionCont
     return key_padding_mask
 
 
-def blocked_entries(
-    attn_mask: Optional[Tensor], key_padding_mask: Optional[Tensor], query_padding: Optional[Tensor]
-) -> Optional[Tensor]:
-    """True where a query may not see a key (``-inf`` in ``attn_mask``, a padded key) or the query
-    row is a pad, broadcastable to ``(batch, heads, tgt_len, src_len)``; None when nothing is."""
-    masks = []
-    if attn_mask is not None:
-        masks.append(torch.isneginf(attn_mask))
-    if key_padding_mask is not None:
-        masks.append(key_padding_mask[:, None, None, :])
-    if query_padding is not None:
-        masks.append(query_padding[:, None, :, None])
-    if not masks:
-        return None
-    blocked = masks[0]
-    for mask in masks[1:]:
-        blocked = blocked | mask
-    return blocked
+def check_causality(ctx: PositionContext, attn_mask: Optional[Tensor], tgt_len: int) -> None:
+    """The kernel takes a side's causality from its context (the blocked entries, flex_attention's
+    block mask); fairseq's layers hand the causal side's ``attn_mask`` too. Refuse a call where the
+    two disagree (a causal mask on a bidirectional context, or a causal context's full pass without
+    its mask), which would otherwise mask differently on different kernel paths."""
+    if attn_mask is not None and not ctx.causal:
+        raise ValueError("an attn_mask was given with a bidirectional PositionContext: build the context "
+                         "of a causal side with causal=True")
+    if attn_mask is None and ctx.causal and tgt_len > 1:
+        raise ValueError("a causal PositionContext's full pass needs the side's causal attn_mask")
+
+
+def compose(mods: Sequence[ScoreMod]) -> ScoreMod:
+    """One ``score_mod`` applying ``mods`` in order."""
+    def composed(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        for mod in mods:
+            score = mod(score, b, h, q_idx, kv_idx)
+        return score
+    return composed
+
+
+def apply_densely(score_mod: ScoreMod, scores: Tensor) -> Tensor:
+    """``score_mod`` evaluated on every (batch, head, query, key) of ``scores`` at once: the form that
+    flex_attention fuses, computed on any device (the tests check it against the explicit path)."""
+    batch, heads, tgt_len, src_len = scores.shape
+    index = [torch.arange(n, device=scores.device) for n in (batch, heads, tgt_len, src_len)]
+    b, h, q_idx, kv_idx = (i.view([-1 if d == axis else 1 for d in range(4)]) for axis, i in enumerate(index))
+    return score_mod(scores, b, h, q_idx, kv_idx)
+
+
+@dataclass(frozen=True)
+class FlexBlockMask(Preparation):
+    """flex_attention's block mask of the batch: a query sees the keys that are not pads and, on a
+    causal side, not after it (the last ``tgt_len`` of ``src_len`` tokens)."""
+
+    tgt_len: int
+    src_len: int
+
+    def build(self, ctx: PositionContext) -> Any:
+        padding, causal, offset = ctx.padding_mask[:, : self.src_len], ctx.causal, self.src_len - self.tgt_len
+
+        def visible(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+            seen = ~padding[b, kv_idx]
+            return seen & (kv_idx <= q_idx + offset) if causal else seen
+        return create_block_mask(visible, padding.size(0), None, self.tgt_len, self.src_len,
+                                 device=str(padding.device))
+
+
+_COMPILED_FLEX: Dict[str, Callable[..., Tensor]] = {}
+
+
+def flex_kernel(device: torch.device) -> Callable[..., Tensor]:
+    """``flex_attention``, compiled on CUDA (the fused Triton kernel); on the CPU its eager
+    implementation (unfused: for checks and no-grad scoring)."""
+    if device.type != "cuda":
+        return flex_attention
+    if "cuda" not in _COMPILED_FLEX:
+        _COMPILED_FLEX["cuda"] = torch.compile(flex_attention)
+    return _COMPILED_FLEX["cuda"]

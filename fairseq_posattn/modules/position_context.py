@@ -11,12 +11,16 @@ host-device synchronisation, and shared by every layer and head.
 Positions are *token* positions: with fairseq's left-padded source, position 0 is the first real
 token, never a pad.
 
-Two memos keep derived tensors from being rebuilt where they cannot change:
+Derived tensors are built once where they cannot change:
 
-- :meth:`PositionContext.geometry`: parameter-free tensors of the batch (the float padding mask,
-  rotary angles, T5 buckets, ALiBi's bias), built by the first layer that asks and shared by the
-  others. Parameter-free only: activation checkpointing runs the first forward without a graph, so
-  a memoized tensor that depended on a parameter would lose its gradient in the recomputation.
+- :class:`Preparation` (:meth:`PositionContext.prepared`): a term *declares* each parameter-free
+  tensor it derives from the batch's geometry (the float padding mask, rotary angles, T5 buckets,
+  ALiBi's bias, the blocked entries, flex_attention's block mask) as a frozen dataclass whose fields
+  are everything the tensor depends on besides the context, and whose ``build(ctx)`` makes it. The
+  dataclass itself is the key: the first layer that asks builds it, every other layer of the side
+  with the same configuration gets it, and a key can never miss an input. Parameter-free only:
+  activation checkpointing runs the first forward without a graph, so a prepared tensor that depended
+  on a parameter would lose its gradient in the recomputation.
 - :class:`SequenceTables` (:meth:`PositionContext.sequence_table`): in incremental decoding, the
   decoder keeps one per sequence in fairseq's incremental state and hands it to the context of every
   step. Terms whose per-step work depends on positions only (a bias row, DA's coefficients, the
@@ -62,6 +66,43 @@ class SequenceTables:
         return table
 
 
+class Preparation:
+    """A parameter-free tensor (or tuple of tensors) of one batch's geometry, declared by a term.
+
+    Subclasses are frozen dataclasses: their fields (sizes, dtypes, a term's configuration) and the
+    context are all that :meth:`build` may read, so the dataclass is the complete key of what it
+    builds (see the module docstring)."""
+
+    def build(self, ctx: "PositionContext") -> Any:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class KeyPaddingBias(Preparation):
+    """``(batch, 1, 1, length)``: 0 at tokens, -inf at pads, in ``dtype`` (the fused kernel's mask)."""
+
+    dtype: torch.dtype
+
+    def build(self, ctx: "PositionContext") -> Tensor:
+        mask = torch.zeros(ctx.padding_mask.shape, dtype=self.dtype, device=ctx.padding_mask.device)
+        return mask.masked_fill_(ctx.padding_mask, float("-inf"))[:, None, None, :]
+
+
+@dataclass(frozen=True)
+class BlockedEntries(Preparation):
+    """``(batch, 1, tgt_len, src_len)`` bool, True where a query may not see a key (a padded key, a
+    later key on a causal side) or the query row is a pad."""
+
+    tgt_len: int
+    src_len: int
+
+    def build(self, ctx: "PositionContext") -> Tensor:
+        blocked = ctx.padding_mask[:, None, None, : self.src_len] | ctx.query_padding_mask(self.tgt_len)[:, None, :, None]
+        if ctx.causal:
+            blocked = blocked | ctx.future(self.tgt_len, self.src_len)
+        return blocked
+
+
 @dataclass(frozen=True)
 class PositionContext:
     """Token positions and pairwise distances of one batch (immutable).
@@ -81,7 +122,8 @@ class PositionContext:
             (:func:`structural_relative`), or None without structural side data.
         tables: the sequence's :class:`SequenceTables` in incremental decoding without gradients on
             a right-padded side, else None.
-        memo: :meth:`geometry`'s tensors of this batch.
+        causal: the side is causal (a decoder): query i sees the keys up to its own position only.
+        memo: the prepared tensors of this batch (:meth:`prepared`).
     """
 
     padding_mask: Tensor
@@ -91,7 +133,8 @@ class PositionContext:
     depth: Optional[Tensor] = None
     structural_relative: Optional[Tensor] = None
     tables: Optional[SequenceTables] = None
-    memo: Dict[Tuple[Any, ...], Tensor] = field(default_factory=dict, compare=False, repr=False)
+    causal: bool = False
+    memo: Dict[Preparation, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def from_padding(
@@ -101,6 +144,7 @@ class PositionContext:
         structural: Optional[Dict[str, Tensor]] = None,
         structural_clip: Optional[int] = None,
         tables: Optional[SequenceTables] = None,
+        causal: bool = False,
     ) -> "PositionContext":
         """Build the context of a batch from its ``(batch, length)`` padding mask.
 
@@ -113,6 +157,7 @@ class PositionContext:
             structural_clip: clip of the relative structural positions; None when no term needs them.
             tables: the sequence tables of incremental decoding (kept only on a right-padded side
                 and without gradients, where they are valid).
+            causal: the side is causal (a decoder, a language model).
         """
         length = padding_mask.size(1)
         index = torch.arange(length, device=padding_mask.device)
@@ -129,7 +174,7 @@ class PositionContext:
         if not right_padded or torch.is_grad_enabled():
             tables = None
         return cls(padding_mask, index[:, None] - index[None, :], positions, left_pads, depth, relative,
-                   tables)
+                   tables, causal)
 
     @classmethod
     def from_tokens(
@@ -140,27 +185,30 @@ class PositionContext:
         structural: Optional[Dict[str, Tensor]] = None,
         structural_clip: Optional[int] = None,
         tables: Optional[SequenceTables] = None,
+        causal: bool = False,
     ) -> "PositionContext":
         """:meth:`from_padding` of ``tokens.eq(padding_idx)``."""
-        return cls.from_padding(tokens.eq(padding_idx), right_padded, structural, structural_clip, tables)
+        return cls.from_padding(tokens.eq(padding_idx), right_padded, structural, structural_clip, tables, causal)
 
     @classmethod
-    def unpadded(cls, length: int, device: torch.device) -> "PositionContext":
+    def unpadded(cls, length: int, device: torch.device, causal: bool = False) -> "PositionContext":
         """The context of one sequence of ``length`` tokens without padding."""
-        return cls.from_padding(torch.zeros(1, length, dtype=torch.bool, device=device), True)
+        return cls.from_padding(torch.zeros(1, length, dtype=torch.bool, device=device), True, causal=causal)
 
-    def geometry(self, key: Tuple[Any, ...], compute: Callable[[], Tensor]) -> Tensor:
-        """``compute()``, a parameter-free tensor of this batch's geometry, computed once per batch
-        and shared by every layer (computed anew under ``torch.compile``, which shares it itself).
-
-        ``key`` names it with the sizes it depends on, as a tuple: under ``torch.compile`` a length
-        formatted into a string would specialise the graph to it, a tuple is never looked at."""
+    def prepared(self, preparation: Preparation) -> Any:
+        """``preparation.build(self)``, built once per batch and shared by every layer that declares
+        an equal preparation (built anew under ``torch.compile``, which shares it itself)."""
         if torch.compiler.is_compiling():
-            return compute()
-        value = self.memo.get(key)
+            return preparation.build(self)
+        value = self.memo.get(preparation)
         if value is None:
-            value = self.memo[key] = compute()
+            value = self.memo[preparation] = preparation.build(self)
         return value
+
+    def future(self, tgt_len: int, src_len: int) -> Tensor:
+        """``(tgt_len, src_len)`` bool, True where the key comes after the query (the last
+        ``tgt_len`` of ``src_len`` tokens)."""
+        return self.relative_distances(tgt_len, src_len) < 0
 
     def sequence_table(self, key: str, length: int, build: Callable[[int], Tensor],
                        length_dim: int = -1) -> Optional[Tensor]:
@@ -184,14 +232,11 @@ class PositionContext:
 
     def key_padding_bias(self, dtype: torch.dtype) -> Tensor:
         """``(batch, 1, 1, length)``: 0 at tokens, -inf at pads, in ``dtype`` (the fused kernel's mask)."""
-        def compute() -> Tensor:
-            mask = torch.zeros(self.padding_mask.shape, dtype=dtype, device=self.padding_mask.device)
-            return mask.masked_fill_(self.padding_mask, float("-inf"))[:, None, None, :]
-        return self.geometry(("key-padding-bias", dtype), compute)
+        return self.prepared(KeyPaddingBias(dtype))
 
     def key_padding_4d(self) -> Tensor:
-        """``(batch, 1, 1, length)`` bool, True at pads (the explicit kernel's mask)."""
-        return self.geometry(("key-padding-4d",), lambda: self.padding_mask[:, None, None, :])
+        """``(batch, 1, 1, length)`` bool, True at pads (the explicit kernel's mask; a view)."""
+        return self.padding_mask[:, None, None, :]
 
     @property
     def length(self) -> int:

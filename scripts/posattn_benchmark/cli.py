@@ -17,7 +17,7 @@ from posattn_benchmark.runner import Runner, logger, measure_prepare
 from posattn_benchmark.variants import (
     DEFAULT_DECODE_VARIANTS, POSATTN_LM_ARCH, VANILLA_LM_ARCH, VARIANTS_BY_NAME,
 )
-from posattn_benchmark.worker import worker_main
+from posattn_benchmark.worker import PRECISIONS, worker_main
 
 DEVICES = ("cpu", "cuda")
 
@@ -59,6 +59,16 @@ def parse_cli(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         help="leave out the Multi30k-like translation group (to measure only --long or --lm)")
     add("--lm-batch-size", type=int, default=8,
         help=f"blocks of {LONG_LENGTH} tokens per batch in the --lm blocks group (default: %(default)s)")
+    add("--lm-block-lengths", type=int, nargs="+", default=[LONG_LENGTH], metavar="N",
+        help="with --lm: one blocks group per length (max positions = the length; default: %(default)s)")
+    add("--lm-block-tokens", type=int,
+        help="with --lm: tokens per batch of every blocks group, the batch = tokens / length blocks (at "
+        "least 1; default: --lm-batch-size blocks)")
+    add("--lm-blocks-only", action="store_true",
+        help="with --lm: leave out the language-model sentences group")
+    add("--precision", choices=PRECISIONS, default="fp32",
+        help="dtype of every model and batch's activations: fp32, or bf16 (the model cast to bfloat16, "
+        "as fairseq-train --bf16 computes; CUDA or a CPU with bf16; default: %(default)s)")
     add("--decode-batch-size", type=int, default=16,
         help="source sentences per beam-search batch, at most (default: %(default)s)")
     add("--decode-length", type=int, default=20,
@@ -110,6 +120,8 @@ def parse_cli(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         parser.error("need 2 <= --min-len <= --max-len <= --max-positions")
     if cli.skip_short and not (cli.long or cli.lm):
         parser.error("--skip-short leaves nothing to measure without --long or --lm")
+    if min(cli.lm_block_lengths) < 2 or (cli.lm_block_tokens is not None and cli.lm_block_tokens < 2):
+        parser.error("--lm-block-lengths and --lm-block-tokens must be >= 2")
     if cli.readme is not None and cli.profile:
         parser.error("--readme takes the benchmark's report, not a --profile")
     if cli.readme is not None and (error := section_error(cli.readme)) is not None:

@@ -57,11 +57,15 @@ def build_groups(cli: argparse.Namespace) -> List[Group]:
         groups.append(Group(f"sequence length {LONG_LENGTH}",
                             BatchShape(LONG_LENGTH, LONG_LENGTH, cli.long_batch_size * LONG_LENGTH),
                             LONG_LENGTH))
-    if cli.lm:
+    if cli.lm and not cli.lm_blocks_only:
         groups.append(Group(f"language model, sentences of {cli.min_len}-{cli.max_len}",
                             BatchShape(cli.min_len, cli.max_len, cli.max_tokens), cli.max_positions,
                             task=LANGUAGE_MODELING))
-        groups.append(Group(f"language model, blocks of {LONG_LENGTH}",
-                            BatchShape(LONG_LENGTH, LONG_LENGTH, cli.lm_batch_size * LONG_LENGTH),
-                            LONG_LENGTH, task=LANGUAGE_MODELING, decodes=False))
+    if cli.lm:
+        for length in cli.lm_block_lengths:
+            blocks = cli.lm_batch_size if cli.lm_block_tokens is None else max(1, cli.lm_block_tokens // length)
+            groups.append(Group(f"language model, blocks of {length}" + (f" (batch of {blocks})" if
+                                                                      len(cli.lm_block_lengths) > 1 else ""),
+                                BatchShape(length, length, blocks * length), length,
+                                task=LANGUAGE_MODELING, decodes=False))
     return groups

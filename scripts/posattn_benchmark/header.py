@@ -75,7 +75,7 @@ def header_lines(groups: Sequence[Group], cli: argparse.Namespace, load: Tuple[f
         "",
         f"- Machine: {cpu_name()}, {os.cpu_count()} CPUs, {sample['threads']} torch threads, "
         f"device {sample['device']}; torch {sample['torch']}, fairseq {sample['fairseq']}, "
-        f"Python {platform.python_version()}; 1-minute load average {load[0]:.1f} at the start, "
+        f"Python {platform.python_version()}; models in {cli.precision}; 1-minute load average {load[0]:.1f} at the start, "
         f"{load[1]:.1f} at the end.",
     ]
     lines += [line for task in (TRANSLATION, LANGUAGE_MODELING)

@@ -83,7 +83,7 @@ class Runner:
                           vocab_size=cli.vocab_size, warmup=cli.warmup,
                           steps=cli.decode_rounds if decoding else cli.steps, seed=cli.seed,
                           device=cli.device, threads=cli.threads, conllu=str(cli.conllu),
-                          decode_length=cli.decode_length)
+                          decode_length=cli.decode_length, precision=cli.precision)
 
     def run(self, group: Group, mode: str, variants: Sequence[Variant], what: str,
             malloc: Optional[str] = None) -> Optional[Dict[str, Any]]:

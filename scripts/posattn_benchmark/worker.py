@@ -18,6 +18,8 @@ from posattn_benchmark.batches import (
 from posattn_benchmark.variants import LANGUAGE_MODELING, TRANSLATION, Variant
 
 RESULT_MARKER = "BENCHMARK_RESULT "
+#: ``--precision``: the models' dtype
+PRECISIONS = ("fp32", "bf16")
 LABEL_SMOOTHING = 0.1
 BEAM_SIZE = 5
 #: operators per table of ``--profile``
@@ -47,6 +49,7 @@ class WorkerSpec:
     threads: Optional[int]
     conllu: str
     decode_length: int
+    precision: str = "fp32"
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -138,7 +141,8 @@ class Worker:
         # --task translation_structural provides the parse that structural variants read
         task = DictionaryTask(self.dictionary, self.dictionary, provides_structure=variant.structural)
         torch.manual_seed(self.spec.seed)
-        model = build_model(argv, task).to(self.device).train()
+        dtype = torch.bfloat16 if self.spec.precision == "bf16" else torch.float32
+        model = build_model(argv, task).to(device=self.device, dtype=dtype).train()
         optimizer = torch.optim.Adam(model.parameters(), lr=5e-4, betas=(0.9, 0.98))
         return model, optimizer
 
@@ -157,7 +161,7 @@ class Worker:
         lprobs = model.get_normalized_probs(net_output, log_probs=True)
         target = batch["target"]
         epsilon = LABEL_SMOOTHING if variant.task == TRANSLATION else 0.0  # LM: cross entropy
-        loss, _ = label_smoothed_nll_loss(lprobs.view(-1, lprobs.size(-1)), target.view(-1),
+        loss, _ = label_smoothed_nll_loss(lprobs.float().view(-1, lprobs.size(-1)), target.view(-1),
                                           epsilon, ignore_index=pad)
         loss = loss / target.ne(pad).sum()
         loss.backward()

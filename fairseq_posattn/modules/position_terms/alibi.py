@@ -13,13 +13,14 @@ with fairseq's ``--no-token-positional-embeddings``.
 """
 
 import math
+from dataclasses import dataclass
 from typing import Any, List
 
 import torch
 from torch import Tensor, nn
 
-from fairseq_posattn.modules.position_context import PositionContext
-from fairseq_posattn.modules.position_terms.base import AdditiveLogitBias
+from fairseq_posattn.modules.position_context import PositionContext, Preparation
+from fairseq_posattn.modules.position_terms.base import AdditiveLogitBias, ScoreMod
 from fairseq_posattn.modules.position_terms.registry import (
     CURVE,
     LayerSpec,
@@ -40,6 +41,22 @@ def alibi_slopes(num_heads: int) -> Tensor:
     return torch.tensor(slopes)
 
 
+@dataclass(frozen=True)
+class LinearBias(Preparation):
+    """ALiBi's bias ``-m_h (i - j)`` (causal; keys after i are masked anyway) or ``-m_h |i - j|``."""
+
+    num_heads: int
+    causal: bool
+    tgt_len: int
+    src_len: int
+    dtype: torch.dtype
+
+    def build(self, ctx: PositionContext) -> Tensor:
+        distance = ctx.relative_distances(self.tgt_len, self.src_len)
+        distance = distance.clamp(min=0) if self.causal else distance.abs()
+        slopes = alibi_slopes(self.num_heads).to(device=distance.device, dtype=self.dtype)
+        return -(slopes[:, None, None] * distance.to(self.dtype)).unsqueeze(0)
+
 class LinearDistanceBias(AdditiveLogitBias):
     """``logits[h, i, j] -= m_h * (i - j)`` (causal) or ``m_h * |i - j|`` (bidirectional)."""
 
@@ -49,14 +66,19 @@ class LinearDistanceBias(AdditiveLogitBias):
         self.register_buffer("slopes", alibi_slopes(num_heads), persistent=False)
 
     def forward(self, ctx: PositionContext, tgt_len: int, src_len: int) -> Tensor:
-        """``(1, heads, tgt_len, src_len)``, computed once per batch for every layer (no parameters)."""
-        key = ("alibi", self.slopes.numel(), self.causal, tgt_len, src_len, self.slopes.dtype)
-        return ctx.geometry(key, lambda: self.linear_bias(ctx, tgt_len, src_len))
+        """``(1, heads, tgt_len, src_len)``, prepared once per batch for every layer (no parameters)."""
+        return ctx.prepared(LinearBias(self.slopes.numel(), self.causal, tgt_len, src_len, self.slopes.dtype))
 
-    def linear_bias(self, ctx: PositionContext, tgt_len: int, src_len: int) -> Tensor:
-        distance = ctx.relative_distances(tgt_len, src_len)
-        distance = distance.clamp(min=0) if self.causal else distance.abs()  # keys after i: masked
-        return -(self.slopes[:, None, None] * distance.to(self.slopes.dtype)).unsqueeze(0)
+    def score_mod(self, ctx: PositionContext, q: Tensor, src_len: int) -> ScoreMod:
+        """``score - m_h (i - j)`` (causal) or ``score - m_h |i - j|``."""
+        slopes, causal, offset = self.slopes, self.causal, src_len - q.size(2)
+
+        def alibi(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+            distance = q_idx + offset - kv_idx
+            distance = distance.clamp(min=0) if causal else distance.abs()
+            return score - (slopes[h] * distance.to(slopes.dtype)).to(score.dtype)
+        return alibi
+
 
     def inspect(self, positions: int) -> List[Quantity]:
         """Each head's (fixed) bias over ``i - j`` for the first ``positions`` positions (``i - j >= 0``

@@ -15,13 +15,22 @@ Terms read token geometry from a :class:`~fairseq_posattn.modules.position_conte
 which is built once per batch and shared by every layer.
 """
 
-from typing import List, Optional, Tuple
+from typing import Callable, List, Optional, Tuple
 
 import torch
 from torch import Tensor, nn
 
 from fairseq_posattn.modules.position_context import PositionContext
+from fairseq_posattn.user_errors import UserError
 from fairseq_posattn.modules.position_terms.registry import Quantity
+
+
+#: A term's pointwise form, ``modify(score, b, h, q_idx, kv_idx) -> score``: flex_attention's
+#: ``score_mod`` (attention-gym's convention). ``score`` is the logit of query ``q_idx`` (the token at
+#: index ``q_idx + src_len - tgt_len``) and key ``kv_idx`` of sentence ``b`` in head ``h`` after the
+#: earlier steps of docs/methods.md's order; the indices are integer tensors that broadcast against
+#: ``score`` (flex_attention hands one element at a time, the dense check a whole grid).
+ScoreMod = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
 
 
 def at_least_fp32(dtype: torch.dtype) -> torch.dtype:
@@ -67,7 +76,7 @@ def glorot_(tensor: Tensor, fan_in: float, fan_out: float, distribution: str) ->
         return nn.init.trunc_normal_(tensor, 0.0, std, -2 * std, 2 * std)
 
 
-class SequenceTooLongError(ValueError):
+class SequenceTooLongError(UserError, ValueError):
     """A sequence is longer than the positions a term was built for."""
 
 
@@ -81,7 +90,14 @@ def check_length(length: int, max_positions: int, term: str) -> None:
 
 
 class PositionTerm(nn.Module):
-    """What every term offers ``posattn-inspect``: its learned quantities as named arrays."""
+    """What every term offers ``posattn-inspect`` (its learned quantities as named arrays) and the
+    kernel (its forms: the explicit one of its kind, and where it has one, :meth:`score_mod`)."""
+
+    def score_mod(self, ctx: PositionContext, q: Tensor, src_len: int) -> Optional[ScoreMod]:
+        """The term as a pointwise function of the logit (:data:`ScoreMod`), for the queries ``q``
+        ``(batch, heads, tgt_len, head_dim)`` (scaled) of the last ``tgt_len`` of ``src_len`` tokens;
+        None where it has no such form (it needs the whole attention matrix, or changes the values)."""
+        return None
 
     def table_key(self, name: str = "") -> str:
         """This term's key in the sequence tables of incremental decoding (one entry per module, so
@@ -133,6 +149,9 @@ class LogitScaling(PositionTerm):
 
 class KeyValueAugmentation(PositionTerm):
     """Kind 3: ``e_ij = q_i . (k_j + a^K_ij)`` and ``z_i = sum_j alpha_ij (v_j + a^V_ij)``."""
+
+    #: the value term is on (it needs the attention matrix: no pointwise form then)
+    values: bool = True
 
     def key_logits(self, q: Tensor, ctx: PositionContext, tgt_len: int, src_len: int) -> Tensor:
         """``q . a^K_ij`` for scaled queries ``q`` of shape ``(batch, heads, tgt_len, head_dim)``."""

@@ -15,13 +15,14 @@ PyTorch's default convolution initialisation (kaiming-uniform filters, a bias un
 """
 
 import logging
+from dataclasses import dataclass
 from typing import Any, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fairseq_posattn.modules.position_context import PositionContext
+from fairseq_posattn.modules.position_context import PositionContext, Preparation
 from fairseq_posattn.modules.position_terms.base import PostSoftmaxTransform, check_length, glorot_, same_dtype
 from fairseq_posattn.modules.position_terms.registry import (
     BARS,
@@ -176,6 +177,20 @@ def causal_blocks(queries: int, width: int, block_rows: int) -> List[Tuple[int, 
             for first in range(0, queries, block_rows)]
 
 
+@dataclass(frozen=True)
+class ColumnShift(Preparation):
+    """``(index, outside)``, both ``(batch, width)``: the column ``c + direction * left_pads[b]`` that
+    column c reads, clamped into range, and where it was out of range."""
+
+    direction: int
+    width: int
+
+    def build(self, ctx: PositionContext) -> Tuple[Tensor, Tensor]:
+        columns = torch.arange(self.width, device=ctx.padding_mask.device)[None, :] + self.direction * ctx.left_pads[:, None]
+        index = columns.clamp(0, self.width - 1)
+        return index, index != columns
+
+
 class ConvolvedAttention1d(PostSoftmaxTransform):
     """Per head a Conv1d whose t input channels are the key columns (zero-padded to t), sliding
     with width k along the query axis, t output channels (one per output column), with bias.
@@ -205,13 +220,7 @@ class ConvolvedAttention1d(PostSoftmaxTransform):
         """``out[b, ..., c] = matrix[b, ..., c + direction * left_pads[b]]``, zero where that is out
         of range: ``direction`` 1 moves each sentence to column 0, -1 back. The index is this batch's
         geometry, built once for every layer."""
-        width = matrix.size(-1)
-
-        columns = ctx.geometry(  # B x width, possibly out of range
-            ("conv-1d-columns", direction, width),
-            lambda: torch.arange(width, device=matrix.device)[None, :] + direction * ctx.left_pads[:, None])
-        index = ctx.geometry(("conv-1d-column-index", direction, width), lambda: columns.clamp(0, width - 1))
-        outside = ctx.geometry(("conv-1d-column-outside", direction, width), lambda: index != columns)
+        index, outside = ctx.prepared(ColumnShift(direction, matrix.size(-1)))
         shifted = matrix.gather(-1, index[:, None, None, :].expand(matrix.shape))
         return shifted.masked_fill(outside[:, None, None, :], 0.0)
 

@@ -5,13 +5,14 @@ The paper gives no initialisation; the authors' released code draws ``P`` and ``
 """
 
 import math
+from dataclasses import dataclass
 from typing import Any, List
 
 import torch
 from torch import Tensor, nn
 
-from fairseq_posattn.modules.position_context import PositionContext
-from fairseq_posattn.modules.position_terms.base import AdditiveLogitBias, check_length, glorot_, lookup
+from fairseq_posattn.modules.position_context import PositionContext, Preparation
+from fairseq_posattn.modules.position_terms.base import AdditiveLogitBias, ScoreMod, check_length, glorot_, lookup
 from fairseq_posattn.modules.position_terms.registry import (
     CURVE,
     MATRIX,
@@ -22,6 +23,19 @@ from fairseq_posattn.modules.position_terms.registry import (
     Quantity,
     register,
 )
+
+
+@dataclass(frozen=True)
+class AbsoluteCells(Preparation):
+    """``(batch, tgt_len, src_len)``: the flat index of (query position, key position) in a t x t matrix."""
+
+    max_positions: int
+    tgt_len: int
+    src_len: int
+
+    def build(self, ctx: PositionContext) -> Tensor:
+        query_pos, key_pos = ctx.query_key_positions(self.tgt_len, self.src_len)
+        return query_pos[:, :, None] * self.max_positions + key_pos[:, None, :]
 
 
 class DirectAbsolutePositionBias(AdditiveLogitBias):
@@ -45,12 +59,17 @@ class DirectAbsolutePositionBias(AdditiveLogitBias):
             first_query = src_len - tgt_len
             return self.weight[:, first_query:src_len, :src_len].unsqueeze(0)
 
-        def flat_cells() -> Tensor:  # B x Tq x Tk: the index of (query position, key position) in A^p's t * t
-            query_pos, key_pos = ctx.query_key_positions(tgt_len, src_len)
-            return query_pos[:, :, None] * self.max_positions + key_pos[:, None, :]
-
-        cells = ctx.geometry(("direct-absolute-cells", self.max_positions, tgt_len, src_len), flat_cells)
+        cells = ctx.prepared(AbsoluteCells(self.max_positions, tgt_len, src_len))
         return lookup(self.weight.flatten(1), 1, cells).transpose(0, 1)  # B x H x Tq x Tk
+
+    def score_mod(self, ctx: PositionContext, q: Tensor, src_len: int) -> ScoreMod:
+        """``score + A^p[h, pos(i), pos(j)]``."""
+        weight, tgt_len = self.weight, q.size(2)
+        if ctx.positions is None:
+            offset = src_len - tgt_len
+            return lambda score, b, h, q_idx, kv_idx: score + weight[h, q_idx + offset, kv_idx]
+        query_pos, key_pos = ctx.query_key_positions(tgt_len, src_len)
+        return lambda score, b, h, q_idx, kv_idx: score + weight[h, query_pos[b, q_idx], key_pos[b, kv_idx]]
 
     def inspect(self, positions: int) -> List[Quantity]:
         """``A^p[:n, :n]`` per head, n = min(positions, t)."""
@@ -95,6 +114,11 @@ class DirectRelativePositionBias(AdditiveLogitBias):
         check_length(src_len, self.max_positions, "the direct relative position vector a^r")
         index = ctx.relative_distances(tgt_len, src_len) + (self.max_positions - 1)
         return lookup(self.weight, 1, index).unsqueeze(0)
+
+    def score_mod(self, ctx: PositionContext, q: Tensor, src_len: int) -> ScoreMod:
+        """``score + a^r[h, i - j + t - 1]``."""
+        weight, zero = self.weight, src_len - q.size(2) + self.max_positions - 1
+        return lambda score, b, h, q_idx, kv_idx: score + weight[h, q_idx - kv_idx + zero]
 
     def inspect(self, positions: int) -> List[Quantity]:
         """``a^r`` per head over ``i - j = -(n - 1) .. n - 1``, n = min(positions, t)."""

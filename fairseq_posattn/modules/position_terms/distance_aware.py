@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fairseq_posattn.modules.position_context import PositionContext
-from fairseq_posattn.modules.position_terms.base import LogitScaling, at_least_fp32, same_dtype
+from fairseq_posattn.modules.position_terms.base import LogitScaling, ScoreMod, at_least_fp32, same_dtype
 from fairseq_posattn.modules.position_terms.registry import (
     BARS,
     MATRIX,
@@ -48,6 +48,19 @@ class DistanceAwareScaling(LogitScaling):
         tgt_len, src_len = logits.shape[-2:]
         coefficients = ctx.pair_table(self.table_key(), tgt_len, src_len, self.coefficients)
         return torch.relu(same_dtype(logits, at_least_fp32(logits.dtype))) * coefficients
+
+    def score_mod(self, ctx: PositionContext, q: Tensor, src_len: int) -> ScoreMod:
+        """``ReLU(score) * f(w_h |i - j|; v_h)``, computed in fp32 (fp64 for a double model) and
+        returned in the score's dtype (flex_attention's kernels hand fp32 scores)."""
+        w, v, offset = self.w, self.v, src_len - q.size(2)
+
+        def distance_aware(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+            dtype = at_least_fp32(score.dtype)
+            distance = (q_idx + offset - kv_idx).abs().to(dtype)
+            w_h, v_h = w[h].to(dtype), v[h].to(dtype)
+            coefficient = torch.exp(F.softplus(v_h) - F.softplus(v_h - w_h * distance))
+            return (torch.relu(score.to(dtype)) * coefficient).to(score.dtype)
+        return distance_aware
 
     def inspect(self, positions: int) -> List[Quantity]:
         """w and v per head, and ``Rhat`` (eq. 6) of the first ``positions`` positions."""

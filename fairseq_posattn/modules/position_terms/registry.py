@@ -25,11 +25,13 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from torch import Tensor, nn
 
+from fairseq_posattn.user_errors import UserError
+
 SIDES = ("encoder", "decoder")
 
 
-class PositionOptionError(ValueError):
-    """An impossible option value or combination, reported at start-up."""
+class PositionOptionError(UserError, ValueError):
+    """An impossible option value or combination, reported at start-up (one line, no traceback)."""
 
 
 @dataclass(frozen=True)

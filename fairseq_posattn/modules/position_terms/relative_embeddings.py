@@ -5,13 +5,14 @@ shared across heads. The logit term is computed with the relative-to-absolute ga
 once per bucket, then gathered into (query, key) cells, never a (T, T, d_h) tensor.
 """
 
-from typing import Any, List
+from dataclasses import dataclass
+from typing import Any, Callable, List, Optional
 
 import torch
 from torch import Tensor, nn
 
-from fairseq_posattn.modules.position_context import PositionContext
-from fairseq_posattn.modules.position_terms.base import KeyValueAugmentation
+from fairseq_posattn.modules.position_context import PositionContext, Preparation
+from fairseq_posattn.modules.position_terms.base import KeyValueAugmentation, ScoreMod
 from fairseq_posattn.modules.position_terms.registry import (
     TABLE,
     LayerSpec,
@@ -23,30 +24,77 @@ from fairseq_posattn.modules.position_terms.registry import (
 )
 
 
+class RelativeBuckets(Preparation):
+    """``(tgt_len, src_len)`` or ``(batch, tgt_len, src_len)``: the bucket of each (query, key) pair
+    (subclasses are frozen dataclasses with ``tgt_len`` and ``src_len`` fields)."""
+
+    tgt_len: int
+    src_len: int
+
+
+@dataclass(frozen=True)
+class SequentialBuckets(RelativeBuckets):
+    """Shaw et al.'s bucket ``clip(j - i, -k, k) + k``."""
+
+    clip: int
+    tgt_len: int
+    src_len: int
+
+    def build(self, ctx: PositionContext) -> Tensor:
+        return (-ctx.relative_distances(self.tgt_len, self.src_len)).clamp(-self.clip, self.clip) + self.clip
+
+
+@dataclass(frozen=True)
+class ExpandedBuckets(Preparation):
+    """``buckets`` as ``(batch, heads, tgt_len, src_len)`` (an expanded view)."""
+
+    buckets: RelativeBuckets
+    batch: int
+    heads: int
+
+    def build(self, ctx: PositionContext) -> Tensor:
+        buckets = ctx.prepared(self.buckets)
+        if buckets.dim() == 3:
+            buckets = buckets.unsqueeze(1)
+        return buckets.expand(self.batch, self.heads, self.buckets.tgt_len, self.buckets.src_len)
+
+
 class RelativePositionEmbeddings(KeyValueAugmentation):
     """Shaw et al.: bucket ``clip(j - i, -k, k) + k`` of the sequential distance."""
 
-    def __init__(self, head_dim: int, clip: int):
+    def __init__(self, head_dim: int, clip: int, values: bool = True):
+        """``values``: the value term too (the paper's model); False: keys only (Shaw et al.'s
+        Table 3 ablation), which has a pointwise form (:meth:`score_mod`) and fuses."""
         super().__init__()
         self.clip = clip
+        self.values = values
         self.key_table = nn.Parameter(torch.empty(2 * clip + 1, head_dim))
-        self.value_table = nn.Parameter(torch.empty(2 * clip + 1, head_dim))
         nn.init.xavier_uniform_(self.key_table)
-        nn.init.xavier_uniform_(self.value_table)
+        self.value_table = nn.Parameter(torch.empty(2 * clip + 1, head_dim)) if values else None
+        if values:
+            nn.init.xavier_uniform_(self.value_table)
 
-    def buckets(self, ctx: PositionContext, tgt_len: int, src_len: int) -> Tensor:
-        """Bucket index per (query, key): ``(tgt_len, src_len)`` or ``(batch, tgt_len, src_len)``."""
-        return (-ctx.relative_distances(tgt_len, src_len)).clamp(-self.clip, self.clip) + self.clip
+    def buckets(self, tgt_len: int, src_len: int) -> "RelativeBuckets":
+        """The prepared bucket index per (query, key)."""
+        return SequentialBuckets(self.clip, tgt_len, src_len)
+
+    def bucket_of(self, ctx: PositionContext, tgt_len: int, src_len: int) -> Callable[[Tensor, Tensor, Tensor], Tensor]:
+        """``bucket(b, q_idx, kv_idx)`` of :meth:`buckets`, pointwise: ``clip(j - i, -k, k) + k``."""
+        clip, offset = self.clip, src_len - tgt_len
+        return lambda b, q_idx, kv_idx: (kv_idx - q_idx - offset).clamp(-clip, clip) + clip
+
+    def score_mod(self, ctx: PositionContext, q: Tensor, src_len: int) -> Optional[ScoreMod]:
+        """Keys only: ``score + q_i . a^K[bucket(i, j)]``, from ``q a^K^T`` per bucket (this call's);
+        None with the value term, which needs the attention weights."""
+        if self.values:
+            return None
+        per_bucket = torch.matmul(q, self.key_table.to(q.dtype).t())  # B x H x Tq x buckets
+        bucket = self.bucket_of(ctx, q.size(2), src_len)
+        return lambda score, b, h, q_idx, kv_idx: score + per_bucket[b, h, q_idx, bucket(b, q_idx, kv_idx)]
 
     def _expanded_buckets(self, ctx: PositionContext, batch: int, heads: int, tgt_len: int, src_len: int) -> Tensor:
-        """:meth:`buckets` as ``(batch, heads, tgt_len, src_len)``, once per batch for every layer."""
-        def compute() -> Tensor:
-            buckets = self.buckets(ctx, tgt_len, src_len)
-            if buckets.dim() == 3:
-                buckets = buckets.unsqueeze(1)
-            return buckets.expand(batch, heads, tgt_len, src_len)
-
-        return ctx.geometry((type(self).__name__, self.clip, batch, heads, tgt_len, src_len), compute)
+        """:meth:`buckets` as ``(batch, heads, tgt_len, src_len)``, prepared once per batch for every layer."""
+        return ctx.prepared(ExpandedBuckets(self.buckets(tgt_len, src_len), batch, heads))
 
     def key_logits(self, q: Tensor, ctx: PositionContext, tgt_len: int, src_len: int) -> Tensor:
         per_bucket = torch.matmul(q, self.key_table.to(q.dtype).t())  # B x H x Tq x buckets
@@ -66,7 +114,8 @@ class RelativePositionEmbeddings(KeyValueAugmentation):
         return [Quantity(name, table.detach().cpu(), TABLE, f"{title} (clip {self.clip})",
                          axes=("j - i", "dimension"), ticks=ticks)
                 for name, title, table in (("key", "key embeddings a^K", self.key_table),
-                                           ("value", "value embeddings a^V", self.value_table))]
+                                           ("value", "value embeddings a^V", self.value_table))
+                if table is not None]
 
 
 class RelativePositionsMethod(PositionMethod):
@@ -76,9 +125,13 @@ class RelativePositionsMethod(PositionMethod):
         MethodOption("relative_positions", 0,
                      "Shaw et al. (2018) relative position representations with clip distance k in every "
                      "layer of the {what} (Transformer-RPR); 0 = off"),
+        MethodOption("relative_positions_keys_only", False,
+                     "with --{side}-relative-positions: key embeddings only, no value term (Shaw et al.'s "
+                     "Table 3 ablation); runs on flex_attention on a GPU"),
     )
     benchmark_target = "key_value"
-    variants = {"shaw": {"relative_positions": 3}}
+    variants = {"shaw": {"relative_positions": 3},
+                "shaw-keys-only": {"relative_positions": 3, "relative_positions_keys_only": True}}
 
     def is_on(self, options: Any) -> bool:
         return options.relative_positions > 0
@@ -88,9 +141,14 @@ class RelativePositionsMethod(PositionMethod):
             raise PositionOptionError(
                 f"{options.flag('relative_positions')} is a clip distance k >= 1 (0 = off), "
                 f"got {options.relative_positions}")
+        if options.relative_positions_keys_only and not self.is_on(options):
+            raise PositionOptionError(
+                f"{options.flag('relative_positions_keys_only')} has no effect without "
+                f"{options.flag('relative_positions')} k; add it or drop the keys-only option")
 
     def terms(self, options: Any, layer: LayerSpec) -> List[nn.Module]:
-        return [RelativePositionEmbeddings(layer.head_dim, options.relative_positions)]
+        return [RelativePositionEmbeddings(layer.head_dim, options.relative_positions,
+                                           values=not options.relative_positions_keys_only)]
 
 
 register(RelativePositionsMethod())

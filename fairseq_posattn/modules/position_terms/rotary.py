@@ -9,12 +9,13 @@ key is rotated once, at its own step, before it enters the cache. The angles and
 computed in fp32 and cast back to the model's dtype. No parameters; applied in every layer.
 """
 
+from dataclasses import dataclass
 from typing import Any, List, Optional, Tuple
 
 import torch
 from torch import Tensor, nn
 
-from fairseq_posattn.modules.position_context import PositionContext
+from fairseq_posattn.modules.position_context import PositionContext, Preparation
 from fairseq_posattn.modules.position_terms.base import QueryKeyTransform, at_least_fp32, same_dtype
 from fairseq_posattn.modules.position_terms.registry import (
     CURVE,
@@ -50,6 +51,21 @@ def rotate_pairs(x: Tensor, cos: Tensor, signed_sin: Tensor) -> Tensor:
     return same_dtype(turned * cos + swapped * signed_sin, x.dtype)
 
 
+@dataclass(frozen=True)
+class RotationTables(Preparation):
+    """:func:`rotation_tables` of the current tokens' positions, ``(2, batch or 1, 1, tgt_len,
+    head_dim)``, in ``dtype``: fp32 (fp64 for a double model; a buffer would be cast to fp16 by --fp16)."""
+
+    head_dim: int
+    tgt_len: int
+    dtype: torch.dtype
+
+    def build(self, ctx: PositionContext) -> Tensor:
+        positions, _ = ctx.query_key_positions(self.tgt_len, ctx.length)  # the current tokens'
+        frequencies = rotary_frequencies(self.head_dim, self.dtype, positions.device)
+        return torch.stack(rotation_tables(positions.to(self.dtype)[:, None, :, None] * frequencies))
+
+
 class RotaryEmbedding(QueryKeyTransform):
     """RoPE on queries and keys of shape ``(batch, heads, tgt_len, head_dim)``."""
 
@@ -63,21 +79,15 @@ class RotaryEmbedding(QueryKeyTransform):
             f"rotary:{self.head_dim}:{dtype}", length,
             lambda n: self.tables(PositionContext.unpadded(n, q.device), n, dtype, q.device), length_dim=-2)
         if table is None:
-            table = ctx.geometry(("rotary", self.head_dim, tgt_len, dtype),
-                                 lambda: self.tables(ctx, tgt_len, dtype, q.device))
+            table = ctx.prepared(RotationTables(self.head_dim, tgt_len, dtype))
         else:
             table = table[..., length - tgt_len : length, :]
         cos, signed_sin = table
         return rotate_pairs(q, cos, signed_sin), rotate_pairs(k, cos, signed_sin)
 
-    def tables(self, ctx: PositionContext, tgt_len: int, dtype: torch.dtype,
-               device: torch.device) -> Tensor:
-        """:func:`rotation_tables` of the current tokens' positions, ``(2, batch or 1, 1, tgt_len,
-        head_dim)``, in fp32 (fp64 for a double model; a buffer would be cast to fp16 by --fp16);
-        computed once per batch for every layer."""
-        positions, _ = ctx.query_key_positions(tgt_len, ctx.length)  # the current tokens'
-        angles = positions.to(dtype)[:, None, :, None] * rotary_frequencies(self.head_dim, dtype, device)
-        return torch.stack(rotation_tables(angles))
+    def tables(self, ctx: PositionContext, tgt_len: int, dtype: torch.dtype, device: torch.device) -> Tensor:
+        """:class:`RotationTables` of ``tgt_len`` current tokens."""
+        return RotationTables(self.head_dim, tgt_len, dtype).build(ctx)
 
     def inspect(self, positions: int) -> List[Quantity]:
         """Nothing is learned; shown is what the rotation alone does to a logit: ``q_i . k_j`` of a

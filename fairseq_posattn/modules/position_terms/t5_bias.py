@@ -14,13 +14,14 @@ attention path.
 """
 
 import math
+from dataclasses import dataclass
 from typing import Any, List
 
 import torch
 from torch import Tensor, nn
 
-from fairseq_posattn.modules.position_context import PositionContext
-from fairseq_posattn.modules.position_terms.base import AdditiveLogitBias, lookup
+from fairseq_posattn.modules.position_context import PositionContext, Preparation
+from fairseq_posattn.modules.position_terms.base import AdditiveLogitBias, ScoreMod, lookup
 from fairseq_posattn.modules.position_terms.registry import (
     CURVE,
     TABLE,
@@ -49,6 +50,35 @@ def relative_buckets(distance: Tensor, num_buckets: int, max_distance: int, bidi
     return buckets + torch.where(distance < exact, distance, logarithmic)
 
 
+@dataclass(frozen=True)
+class T5Buckets(Preparation):
+    """``(tgt_len, src_len)``: the bucket of each query and key (:func:`relative_buckets`)."""
+
+    num_buckets: int
+    max_distance: int
+    bidirectional: bool
+    tgt_len: int
+    src_len: int
+
+    def build(self, ctx: PositionContext) -> Tensor:
+        return relative_buckets(ctx.relative_distances(self.tgt_len, self.src_len), self.num_buckets,
+                                self.max_distance, self.bidirectional)
+
+
+@dataclass(frozen=True)
+class T5DistanceBuckets(Preparation):
+    """``(2 length - 1,)``: the bucket of each distance ``i - j = -(length - 1) .. length - 1``."""
+
+    num_buckets: int
+    max_distance: int
+    bidirectional: bool
+    length: int
+
+    def build(self, ctx: PositionContext) -> Tensor:
+        distance = torch.arange(-(self.length - 1), self.length, device=ctx.padding_mask.device)
+        return relative_buckets(distance, self.num_buckets, self.max_distance, self.bidirectional)
+
+
 class T5RelativeBias(AdditiveLogitBias):
     """``logits[h, i, j] += table[bucket(i - j), h]``, one table shared by a side's layers."""
 
@@ -60,11 +90,18 @@ class T5RelativeBias(AdditiveLogitBias):
         self.table = nn.Parameter(torch.zeros(num_buckets, num_heads))
 
     def forward(self, ctx: PositionContext, tgt_len: int, src_len: int) -> Tensor:
-        buckets = ctx.geometry(
-            ("t5-buckets", self.num_buckets, self.max_distance, self.bidirectional, tgt_len, src_len),
-            lambda: relative_buckets(ctx.relative_distances(tgt_len, src_len), self.num_buckets,
-                                     self.max_distance, self.bidirectional))
+        buckets = ctx.prepared(T5Buckets(self.num_buckets, self.max_distance, self.bidirectional, tgt_len, src_len))
         return lookup(self.table, 0, buckets).permute(2, 0, 1).unsqueeze(0)  # 1 x H x Tq x Tk
+
+    def score_mod(self, ctx: PositionContext, q: Tensor, src_len: int) -> ScoreMod:
+        """``score + table[bucket(i - j), h]``, the bucket of each distance prepared once per batch."""
+        table = self.table
+        buckets = ctx.prepared(T5DistanceBuckets(self.num_buckets, self.max_distance, self.bidirectional, src_len))
+        zero = 2 * src_len - 1 - q.size(2)  # the entry of i - j = 0 for q_idx = kv_idx = 0, shifted to the query
+
+        def t5(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+            return score + table[buckets[q_idx - kv_idx + zero], h]
+        return t5
 
     def inspect(self, positions: int) -> List[Quantity]:
         """The table (bucket x head), and each head's bias over ``i - j`` for the first

@@ -1,0 +1,34 @@
+"""Errors a user can fix, reported by fairseq's own commands as one line, without a traceback.
+
+``fairseq-train``, ``fairseq-generate``, ``fairseq-eval-lm``... let an exception raised while they
+build a model or load data end the process with Python's traceback, whose last line is the message.
+For the plugin's own refusals (:class:`UserError`: an option that cannot work, data that does not fit
+the model) the traceback says nothing more than that line: :func:`install` (called when fairseq
+imports the plugin) makes the process print ``COMMAND: error: MESSAGE`` instead, and exit with status
+1, as the ``posattn-*`` tools do. Every other exception keeps its traceback.
+"""
+
+import os
+import sys
+from types import TracebackType
+from typing import Optional, Type
+
+
+class UserError(Exception):
+    """Mixed into the plugin's exceptions whose message says everything a user needs (what, where, fix)."""
+
+
+def install() -> None:
+    """Report uncaught :class:`UserError` exceptions as one line (once per process)."""
+    previous = sys.excepthook
+    if getattr(previous, "reports_user_errors", False):
+        return
+
+    def excepthook(kind: Type[BaseException], error: BaseException, trace: Optional[TracebackType]) -> None:
+        if isinstance(error, UserError):
+            print(f"{os.path.basename(sys.argv[0]) or 'python'}: error: {error}", file=sys.stderr)
+        else:
+            previous(kind, error, trace)
+
+    excepthook.reports_user_errors = True  # type: ignore[attr-defined]
+    sys.excepthook = excepthook
