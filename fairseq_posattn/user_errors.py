@@ -3,7 +3,8 @@
 ``fairseq-train``, ``fairseq-generate``, ``fairseq-eval-lm``... let an exception raised while they
 build a model or load data end the process with Python's traceback, whose last line is the message.
 For the plugin's own refusals (:class:`UserError`: an option that cannot work, data that does not fit
-the model) the traceback says nothing more than that line: :func:`install` (called when fairseq
+the model, also when fairseq re-raises one as another exception) the traceback says nothing more
+than that line: :func:`install` (called when fairseq
 imports the plugin) makes the process print ``COMMAND: error: MESSAGE`` instead, and exit with status
 1, as the ``posattn-*`` tools do. Every other exception keeps its traceback.
 """
@@ -25,10 +26,23 @@ def install() -> None:
         return
 
     def excepthook(kind: Type[BaseException], error: BaseException, trace: Optional[TracebackType]) -> None:
-        if isinstance(error, UserError):
-            print(f"{os.path.basename(sys.argv[0]) or 'python'}: error: {error}", file=sys.stderr)
+        cause = user_error_in(error)
+        if cause is not None:
+            print(f"{os.path.basename(sys.argv[0]) or 'python'}: error: {cause}", file=sys.stderr)
         else:
             previous(kind, error, trace)
 
     excepthook.reports_user_errors = True  # type: ignore[attr-defined]
     sys.excepthook = excepthook
+
+
+def user_error_in(error: Optional[BaseException]) -> Optional[UserError]:
+    """``error`` or the exception it was raised from or while handling (fairseq's trainer wraps a failed
+    weight load in "Cannot load model parameters..."), if that is a :class:`UserError`."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, UserError):
+            return error
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return None

@@ -104,3 +104,28 @@ def test_misaligned_side_data_is_refused(structural_corpus, tmp_path):
     # nothing half-written: the good side data from before is still there and complete
     assert os.path.exists(data_bin / "test.en-de.en.structure.bin")
     assert not [p for p in os.listdir(data_bin) if ".tmp" in p]
+
+
+def test_a_checkpoint_never_resumes_as_another_model(structural_corpus, tmp_path):
+    """The baseline (Table 1 row 4) trained into a --save-dir, then the same command with structural
+    absolute positions (no new parameter: the weights would fit): refused, naming both, with the
+    checkpoint untouched; --encoder-reset-position-options makes the fine-tuning explicit."""
+    baseline = [a for a in MODEL[: MODEL.index("--encoder-structural-positions")]]
+    save_dir = str(tmp_path / "checkpoints")
+    run("fairseq-train", [structural_corpus["data_bin"], *baseline, *TRAINING, "--max-update", "2", "--save-dir", save_dir])
+    last = os.path.join(save_dir, "checkpoint_last.pt")
+    before = open(last, "rb").read()
+    structural = [*baseline, "--encoder-structural-positions", "absolute"]
+    result = run_failing("fairseq-train", [structural_corpus["data_bin"], *structural, *TRAINING, "--max-update", "4",
+                                           "--save-dir", save_dir])
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("fairseq-train: error: ")]
+    assert len(errors) == 1 and "'(none)'" in errors[0] and "'--encoder-structural-positions absolute'" in errors[0]
+    assert "--encoder-reset-position-options" in errors[0]
+    assert open(last, "rb").read() == before
+    run("fairseq-train", [structural_corpus["data_bin"], *structural, "--encoder-reset-position-options", *TRAINING,
+                          "--max-update", "4", "--save-dir", save_dir])
+    assert open(last, "rb").read() != before
+    resumed = run("fairseq-train", [structural_corpus["data_bin"], *structural, *TRAINING, "--max-update", "5",
+                                    "--save-dir", save_dir])  # now recorded as structural: resumes
+    assert "done training" in resumed.stdout + resumed.stderr

@@ -17,6 +17,7 @@ from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 from torch import Tensor, nn
 
 from fairseq_posattn.models.position_options import PositionOptionError, SidePositionOptions
+from fairseq_posattn.models.position_record import PositionOptionsRecord
 from fairseq_posattn.modules.position_context import PositionContext, SequenceTables
 from fairseq_posattn.modules.position_terms.structural import embeds_tree_depth, relates_tree_positions
 from fairseq_posattn.modules.structural_embedding import StructuralPositionalEmbedding
@@ -70,6 +71,7 @@ class PositionAwareTransformerEncoder(TransformerEncoderBase):
         self.position_options = position_options
         self._layers_built = 0
         super().__init__(cfg, dictionary, embed_tokens, return_fc=return_fc)
+        self.position_record = PositionOptionsRecord(position_options)
         self.structural_embedding: Optional[StructuralPositionalEmbedding] = None
         if embeds_tree_depth(position_options):
             if position_options.structural_fusion == "nonlinear" and self.embed_positions is None:
@@ -169,6 +171,7 @@ class PositionAwareTransformerDecoder(TransformerDecoderBase):
         self._layers_built = 0
         super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn,
                          output_projection=output_projection)
+        self.position_record = PositionOptionsRecord(position_options)
 
     def build_decoder_layer(self, cfg: Any, no_encoder_attn: bool = False) -> nn.Module:
         if not self.position_options.needs_context():

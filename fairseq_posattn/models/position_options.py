@@ -34,13 +34,17 @@ T_OPTION = {"encoder": "--max-source-positions", "decoder": "--max-target-positi
 WHAT = {"encoder": "encoder self-attention", "decoder": "decoder (causal) self-attention"}
 
 
-#: the options of the side's attention kernel itself (not of a method)
+#: the options of the side itself (its kernel, its checkpoints), not of a method
 KERNEL_OPTIONS = (
     MethodOption("attention_kernel", "auto",
                  "kernel of the {what}: auto (fairseq's fused attention or SDPA where the position terms "
                  "allow it, flex_attention on CUDA where every term has a score_mod form, else the "
                  "explicit path), explicit (reference and inspection) or flex (wherever the terms allow it; "
                  "on the CPU flex_attention's unfused implementation)", choices=KERNEL_CHOICES),
+    MethodOption("reset_position_options", False,
+                 "load weights whose {what} was trained with other position options (fine-tuning one method "
+                 "from another); refused otherwise, so that a resumed checkpoint never silently becomes "
+                 "another model"),
 )
 
 

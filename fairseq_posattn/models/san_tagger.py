@@ -34,6 +34,7 @@ from fairseq_posattn.models.position_aware_transformer import (
     set_layer_wrapping_defaults,
     wrap_layer,
 )
+from fairseq_posattn.models.position_record import PositionOptionsRecord
 from fairseq_posattn.modules.char_cnn import CharCNNWordEncoder
 from fairseq_posattn.modules.position_context import PositionContext
 from fairseq_posattn.modules.transformer_layer import PositionAwareEncoderLayer
@@ -109,6 +110,7 @@ class SanTaggerEncoder(FairseqEncoder):
     def __init__(self, args: argparse.Namespace, words: Any, chars: Any, position_options: SidePositionOptions):
         super().__init__(words)
         self.position_options = position_options
+        self.position_record = PositionOptionsRecord(position_options)
         self.padding_idx = words.pad()
         self.max_source_positions = args.max_source_positions
         self.position_embedding = args.position_embedding
