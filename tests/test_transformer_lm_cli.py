@@ -154,3 +154,12 @@ def test_eval_lm_of_a_model_tied_to_its_positions_says_it_cannot_read_longer_blo
     line = one_line_refusal(eval_lm(data_bin, checkpoint, ["--sample-break-mode", "none", "--tokens-per-sample",
                                                            "128"], runner=run_failing))
     assert "--tokens-per-sample 64 or less" in line, line
+
+
+def test_an_override_beyond_the_learned_positions_is_refused_in_one_line(data_bin, checkpoint):
+    """Raising a tied model's limit at evaluation time would only give PyTorch's "size mismatch" while
+    loading A^p: the plugin names the term and its learned limit instead."""
+    line = one_line_refusal(eval_lm(data_bin, checkpoint, [
+        "--sample-break-mode", "none", "--tokens-per-sample", "128",
+        "--model-overrides", "{'max_target_positions': 128}"], runner=run_failing))
+    assert "learned for 64 positions" in line and "at most 64 tokens" in line, line

@@ -89,6 +89,22 @@ def check_length(length: int, max_positions: int, term: str) -> None:
             f"{term} was built for")
 
 
+class PositionLimitError(UserError, ValueError):
+    """Weights learned for t positions loaded into a model built for another t."""
+
+
+def check_loaded_positions(state_dict: dict, key: str, expected: torch.Size, what: str, positions: int,
+                           learned_positions: int) -> None:
+    """Refuse, in one line, weights of ``key`` learned for ``learned_positions`` positions where the model
+    was built for ``positions`` (a ``max_*_positions`` override): PyTorch would say "size mismatch"."""
+    loaded = state_dict.get(key)
+    if loaded is not None and loaded.shape != expected:
+        raise PositionLimitError(
+            f"{what} was learned for {learned_positions} positions and cannot read more (the model was "
+            f"built for {positions}, e.g. by --model-overrides max_target_positions / max_source_positions): "
+            f"keep the checkpoint's limit and feed sequences of at most {learned_positions} tokens")
+
+
 class PositionTerm(nn.Module):
     """What every term offers ``posattn-inspect`` (its learned quantities as named arrays) and the
     kernel (its forms: the explicit one of its kind, and where it has one, :meth:`score_mod`)."""

@@ -23,7 +23,13 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fairseq_posattn.modules.position_context import PositionContext, Preparation
-from fairseq_posattn.modules.position_terms.base import PostSoftmaxTransform, check_length, glorot_, same_dtype
+from fairseq_posattn.modules.position_terms.base import (
+    PostSoftmaxTransform,
+    check_length,
+    check_loaded_positions,
+    glorot_,
+    same_dtype,
+)
 from fairseq_posattn.modules.position_terms.registry import (
     BARS,
     CURVE,
@@ -214,6 +220,13 @@ class ConvolvedAttention1d(PostSoftmaxTransform):
             num_heads * max_positions, num_heads * max_positions, kernel_size, groups=num_heads
         )
         initialise(self.conv, init, max_positions * kernel_size, max_positions * kernel_size)  # t channels
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        loaded = state_dict.get(prefix + "conv.weight")
+        check_loaded_positions(state_dict, prefix + "conv.weight", self.conv.weight.shape,
+                               "the 1d attention convolution's t key channels", self.max_positions,
+                               loaded.size(1) if loaded is not None else 0)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     @staticmethod
     def _shift_columns(matrix: Tensor, ctx: PositionContext, direction: int) -> Tensor:

@@ -12,7 +12,14 @@ import torch
 from torch import Tensor, nn
 
 from fairseq_posattn.modules.position_context import PositionContext, Preparation
-from fairseq_posattn.modules.position_terms.base import AdditiveLogitBias, ScoreMod, check_length, glorot_, lookup
+from fairseq_posattn.modules.position_terms.base import (
+    AdditiveLogitBias,
+    ScoreMod,
+    check_length,
+    check_loaded_positions,
+    glorot_,
+    lookup,
+)
 from fairseq_posattn.modules.position_terms.registry import (
     CURVE,
     MATRIX,
@@ -61,6 +68,12 @@ class DirectAbsolutePositionBias(AdditiveLogitBias):
 
         cells = ctx.prepared(AbsoluteCells(self.max_positions, tgt_len, src_len))
         return lookup(self.weight.flatten(1), 1, cells).transpose(0, 1)  # B x H x Tq x Tk
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        loaded = state_dict.get(prefix + "weight")
+        check_loaded_positions(state_dict, prefix + "weight", self.weight.shape, "the direct absolute matrix A^p",
+                               self.max_positions, loaded.size(-1) if loaded is not None else 0)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def score_mod(self, ctx: PositionContext, q: Tensor, src_len: int) -> ScoreMod:
         """``score + A^p[h, pos(i), pos(j)]``."""
@@ -114,6 +127,12 @@ class DirectRelativePositionBias(AdditiveLogitBias):
         check_length(src_len, self.max_positions, "the direct relative position vector a^r")
         index = ctx.relative_distances(tgt_len, src_len) + (self.max_positions - 1)
         return lookup(self.weight, 1, index).unsqueeze(0)
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        loaded = state_dict.get(prefix + "weight")
+        check_loaded_positions(state_dict, prefix + "weight", self.weight.shape, "the direct relative vector a^r",
+                               self.max_positions, (loaded.size(-1) + 1) // 2 if loaded is not None else 0)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def score_mod(self, ctx: PositionContext, q: Tensor, src_len: int) -> ScoreMod:
         """``score + a^r[h, i - j + t - 1]``."""
