@@ -15,7 +15,6 @@ import torch
 from torch import Tensor
 
 from fairseq_posattn.models.attentive_lstm_lm import (
-    GAUSSIAN_EPS,
     SUBNORMAL_GUARD,
     AttentiveLSTMDecoder,
     PositionalAttention,
@@ -42,8 +41,8 @@ def build_lstm_lm(arch: str, extra: List[str] = (), seed: int = 0):
 
 
 def randomize_attention(attention: torch.nn.Module, seed: int, mu_bias: Optional[List[float]] = None) -> None:
-    """Weights of order 1 (the [-0.1, 0.1] initialisation makes every attention almost uniform,
-    which would test little)."""
+    """Weights of order 1 (the initialisation, U(+-0.1) or the authors', makes every attention
+    almost uniform, which would test little)."""
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in attention.parameters():
@@ -114,7 +113,7 @@ def reference_positional(attention: PositionalAttention, h: Tensor, N: List[floa
             mu_prev = mu
             if t == 1:
                 continue  # empty memory: c_1 = 0
-            gammas = [math.exp(-((i / n - mu) ** 2) / (2 * sigma ** 2 + GAUSSIAN_EPS)) for i in range(1, t)]
+            gammas = [math.exp(-((i / n - mu) ** 2) / (2 * sigma ** 2 + attention.eps)) for i in range(1, t)]
             total = sum(gammas)  # eq. 11
             if total == 0.0:  # every Gaussian underflowed in float64: not in these tests
                 raise AssertionError("choose other random parameters")
@@ -312,7 +311,9 @@ def test_sequence_generator_scores_equal_the_full_pass(arch):
 # ---------------------------------------------------------------------------- (d) first step
 @pytest.mark.parametrize("arch", ARCHS)
 def test_no_nan_at_the_first_step(arch):
-    model = build_lstm_lm(arch).train()
+    # eps 1e-6 (the old default): with sigma -> 0 even the nearest state's Gaussian underflows
+    extra = ["--positional-attention-eps", "1e-6"] if arch == "positional_attentive_lstm_lm" else []
+    model = build_lstm_lm(arch, extra).train()
     if arch == "positional_attentive_lstm_lm":
         with torch.no_grad():  # sigma -> 0: every Gaussian weight underflows in a naive exp / sum
             model.decoder.attention.w_sigma.bias.fill_(-60.0)
@@ -480,7 +481,8 @@ def test_help_lists_the_model_options():
     out = run("fairseq-train", ["--user-dir", USER_DIR, "--task", "language_modeling",
                                 "--arch", "positional_attentive_lstm_lm", "-h"]).stdout
     for option in ("--positional-attention-hidden", "--positional-attention-normalizer",
-                   "--decoder-hidden-size", "--share-decoder-input-output-embed", "LEAKS THE FUTURE"):
+                   "--positional-attention-eps", "--attentive-lm-init", "--decoder-hidden-size",
+                   "--share-decoder-input-output-embed", "LEAKS THE FUTURE"):
         assert option in out, option
 
 

@@ -34,10 +34,18 @@ MAX_EPOCH=${MAX_EPOCH:-0}                         # 0: no limit
 STOP_TIME_HOURS=${STOP_TIME_HOURS:-0}             # fairseq's --stop-time-hours (training time, kept over resumes); 0: none
 BATCH_SIZE=${BATCH_SIZE:-32}                      # samples per update, whatever the number of GPUs
 OPTIMIZER=${OPTIMIZER:-adam}                      # adam: Adam + inverse-sqrt warm-up (LR, WARMUP);
-                                                  # paper: Dagan's SGD (LR, e.g. 30), lr x 0.5 after 5 epochs
-                                                  # without a lower valid loss, clip-norm 0.25 (needs VALIDATE=1)
+                                                  # paper: the authors' SGD (LR, e.g. 30), no momentum, weight
+                                                  # decay WEIGHT_DECAY, lr x 0.5 after 5 epochs without a lower
+                                                  # valid loss, clip-norm 0.25 (needs VALIDATE=1)
 LR=${LR:-0.001}
 WARMUP=${WARMUP:-100}
+WEIGHT_DECAY=${WEIGHT_DECAY-}                     # --weight-decay; empty: 1.2e-6 with OPTIMIZER=paper (the
+                                                  # authors'), none (fairseq's 0) with adam
+PATIENCE=${PATIENCE:-0}                           # > 0: stop after that many validations without a lower
+                                                  # valid loss (--patience; needs VALIDATE=1); 0: no early stop
+ATTENTIVE_LM_INIT=${ATTENTIVE_LM_INIT-}           # attentive LSTMs' --attentive-lm-init (authors, uniform);
+                                                  # empty: the architectures' default (authors)
+POSITIONAL_ATTENTION_EPS=${POSITIONAL_ATTENTION_EPS-}  # Dagan's --positional-attention-eps; empty: default (1e-3)
 DROPOUT=${DROPOUT-0.1}                            # empty: no --dropout (the LSTM LMs' own 0.5 / 0.2 / 0.5)
 VALIDATE=${VALIDATE:-0}                           # 1: validate every epoch (learning curves), else none
 SEED=${SEED:-1}
@@ -45,9 +53,13 @@ EVAL_CHECKPOINT=${EVAL_CHECKPOINT:-checkpoint_last.pt}   # or checkpoint_best.pt
 EVAL_MAX_TOKENS=${EVAL_MAX_TOKENS:-4096}
 
 # Sizes: tiny, for a CPU.  The papers' sizes (GPU):
-#   LSTMs (Dagan 2019): LSTM_DIM=400 LSTM_LAYERS=2 DROPOUT=0.5 (in/out; 0.2 between layers,
-#     the architectures' defaults when --dropout is not given), batch 20, 35-token sentences,
-#     SGD lr 30, x0.5 after 5 epochs without improvement, clip 0.25 (OPTIMIZER=paper), ~40+ epochs.
+#   LSTMs (Dagan 2019, as the authors' code runs it): LSTM_DIM=400 LSTM_LAYERS=2 DROPOUT= (empty: the
+#     attentive LSTMs' own 0.5 in/out, 0.2 between layers), batch 32 sentences for the attentive and
+#     positional LMs (BATCH_SIZE=32; 20 is their LSTM baseline's), SGD lr 30, weight decay 1.2e-6, x0.5
+#     after 5 epochs without improvement (Salton's run: 6), clip 0.25 (OPTIMIZER=paper VALIDATE=1 LR=30),
+#     up to 500 epochs with early stopping (MAX_UPDATE=0 MAX_EPOCH=500 PATIENCE=25; the paper says 10),
+#     scored from checkpoint_best.pt.  The authors cut training sentences at 35 tokens; here they are
+#     whole (MAX_TARGET_POSITIONS).
 #   Transformer: TF_DIM=512 TF_FFN=2048 TF_LAYERS=6 TF_HEADS=8 (or --arch transformer_lm_posattn_big).
 LSTM_DIM=${LSTM_DIM:-128}
 LSTM_LAYERS=${LSTM_LAYERS:-1}
@@ -86,11 +98,13 @@ fi
 # 3. model flags
 model_flags() {
     local lstm="--decoder-embed-dim $LSTM_DIM --decoder-hidden-size $LSTM_DIM --decoder-out-embed-dim $LSTM_DIM --decoder-layers $LSTM_LAYERS --share-decoder-input-output-embed"
+    local init="${ATTENTIVE_LM_INIT:+ --attentive-lm-init $ATTENTIVE_LM_INIT}"
+    local eps="${POSITIONAL_ATTENTION_EPS:+ --positional-attention-eps $POSITIONAL_ATTENTION_EPS}"
     local tf="--arch transformer_lm_posattn --decoder-embed-dim $TF_DIM --decoder-input-dim $TF_DIM --decoder-output-dim $TF_DIM --decoder-ffn-embed-dim $TF_FFN --decoder-layers $TF_LAYERS --decoder-attention-heads $TF_HEADS --share-decoder-input-output-embed"
     case "$1" in
         lstm_lm)                       echo "--arch lstm_lm $lstm" ;;
-        attentive_lstm_lm)             echo "--arch attentive_lstm_lm $lstm" ;;
-        positional_attentive_lstm_lm)  echo "--arch positional_attentive_lstm_lm $lstm" ;;
+        attentive_lstm_lm)             echo "--arch attentive_lstm_lm $lstm$init" ;;
+        positional_attentive_lstm_lm)  echo "--arch positional_attentive_lstm_lm $lstm$init$eps" ;;
         tf_vanilla)                    echo "$tf" ;;
         tf_da)                         echo "$tf --decoder-distance-aware" ;;
         tf_shaw16)                     echo "$tf --decoder-relative-positions 16" ;;
@@ -103,12 +117,17 @@ model_flags() {
 case "$OPTIMIZER" in
     adam)  OPTIM_FLAGS=(--optimizer adam --adam-betas '(0.9, 0.98)' --clip-norm 1.0 --lr "$LR"
                         --lr-scheduler inverse_sqrt --warmup-updates "$WARMUP" --warmup-init-lr 1e-07) ;;
-    paper) OPTIM_FLAGS=(--optimizer sgd --clip-norm 0.25 --lr "$LR"
+    paper) OPTIM_FLAGS=(--optimizer sgd --clip-norm 0.25 --lr "$LR" --weight-decay "${WEIGHT_DECAY:-1.2e-6}"
                         --lr-scheduler reduce_lr_on_plateau --lr-shrink 0.5 --lr-patience 5) ;;
     *) echo "run_ptb.sh: OPTIMIZER must be adam or paper, got '$OPTIMIZER'" >&2; exit 2 ;;
 esac
+[ "$OPTIMIZER" = adam ] && [ -n "$WEIGHT_DECAY" ] && OPTIM_FLAGS+=(--weight-decay "$WEIGHT_DECAY")
 STOP_FLAGS=(--max-update "$MAX_UPDATE" --max-epoch "$MAX_EPOCH" --stop-time-hours "$STOP_TIME_HOURS")
 if [ "$VALIDATE" = 1 ]; then VALID_FLAGS=(); else VALID_FLAGS=(--disable-validation); fi
+if [ "$PATIENCE" != 0 ]; then
+    [ "$VALIDATE" = 1 ] || { echo "run_ptb.sh: PATIENCE needs VALIDATE=1" >&2; exit 2; }
+    STOP_FLAGS+=(--patience "$PATIENCE")
+fi
 DROPOUT_FLAGS=()
 [ -n "$DROPOUT" ] && DROPOUT_FLAGS=(--dropout "$DROPOUT")
 

@@ -21,11 +21,17 @@ Dagan (``positional_attentive_lstm_lm``), eq. 5-13, with the clamp that eq. 8's 
     b_t        = [mu_{t-1}, 1/N, t/N]                mu_0 = 0
     mu_t       = clamp(ReLU(W_mu h~_t + b_mu) . b_t, 0, t/N)
     sigma_t    = sigmoid(w_sigma . h~_t + b_sigma)
-    gamma_it   = exp(-(i/N - mu_t)^2 / (2 sigma_t^2 + eps)),  normalised over i < t
+    gamma_it   = exp(-(i/N - mu_t)^2 / (2 sigma_t^2 + eps)),  normalised over i < t;  eps = 1e-3
 
 Choices (the papers leave them open; the authors' code, gautierdag/pytorch-attentive-lm,
-decides where it is unambiguous):
+decides where it is unambiguous; docs/methods.md has the table, row by row):
 
+* eps (``--positional-attention-eps``): 1e-3, the authors' value (their ``10e-4``). It is part of the
+  function: with N = 35, the neighbour of the Gaussian's peak keeps at least 0.44 of its weight
+  however small sigma gets, where 1e-6 lets the attention focus on a single state. Models trained
+  when the default was 1e-6 keep it: :class:`PositionalAttention` saves an integer ``version``
+  buffer, and a state dict without one (version 1) is loaded with eps 1e-6
+  (``upgrade_state_dict_named``, which fairseq's checkpoint loading calls).
 * N (``--positional-attention-normalizer``): ``block`` (default) is the fixed block length
   ``--tokens-per-sample`` of the training run (stored in the checkpoint, so evaluation with another
   ``--tokens-per-sample`` keeps the trained N). ``sentence`` is the paper's choice, the true length
@@ -42,8 +48,16 @@ decides where it is unambiguous):
   ``--decoder-dropout-out`` after the concatenation layer. The attention reads the undropped h.
   Defaults are the paper's 0.5 / 0.2 / 0.5; a ``--dropout`` given on the command line also becomes
   the default of the other two, as in fairseq's ``lstm_lm``.
-* Initialisation: every weight uniform in [-0.1, 0.1] (the paper; fairseq's LSTM helpers), output
-  bias zero.
+* Initialisation (``--attentive-lm-init``): ``authors`` (default), as the released code: PyTorch's
+  defaults for the LSTM layers (U(+-1/sqrt(H)), biases too), the concatenation layer, the position
+  generator, W_mu and w_sigma (U(+-1/sqrt(fan_in)), biases too); xavier-uniform for Salton's W_1 and
+  w_2, b_1 zero; the embedding U(+-0.1) (pad row 0) and the output bias zero. ``uniform``: every
+  weight and bias U(+-0.1) (the paper's text, "all the weight matrices"; fairseq's LSTM helpers),
+  output bias zero. The initialisation only matters for a new model: a checkpoint's weights replace it.
+
+The memory h_1..h_{t-1}, the clamp of mu to [0, t/N], the 1-based positions i/N and the block N
+follow the paper's text; the authors' code attends over h_t as well, bounds mu from below by the
+current state's position, counts positions from 0 and uses the sentence length.
 
 Training runs the LSTMs fused over the whole sequence (``nn.LSTM``) and computes every step's
 attention at once with a causal mask; the only loop over time is the scalar mu recurrence,
@@ -103,8 +117,11 @@ from fairseq_posattn.models.evaluation_coverage import score_every_block
 from fairseq_posattn.models.hub_loading import PosattnHubMixin
 
 DEFAULT_MAX_TARGET_POSITIONS = int(1e5)
-GAUSSIAN_EPS = 1e-6
+GAUSSIAN_EPS = 1e-3  # the authors' code (model.py, written 10e-4)
+LEGACY_GAUSSIAN_EPS = 1e-6  # models trained before the default became 1e-3 (version 1, no ``version`` buffer)
+POSITIONAL_ATTENTION_VERSION = 2  # saved as PositionalAttention's ``version`` buffer
 NORMALIZERS = ("block", "sentence")
+INITS = ("authors", "uniform")
 # on the CPU, the logits' gradient entries below this are set to 0 (module docstring), in fp32 and
 # bf16 (whose subnormals lie below 2^-126); fp16's start at 6e-5 and are left alone
 SUBNORMAL_GUARD = 2.0 ** -100
@@ -207,6 +224,12 @@ class SaltonAttention(nn.Module):
         self.W_1 = Linear(hidden_size, hidden_size)
         self.w_2 = Linear(hidden_size, 1, bias=False)
 
+    def initialise_as_authors(self) -> None:
+        """As the authors' code: xavier-uniform W_1 and w_2, zero b_1."""
+        nn.init.xavier_uniform_(self.W_1.weight)
+        nn.init.zeros_(self.W_1.bias)
+        nn.init.xavier_uniform_(self.w_2.weight)
+
     def score(self, h: Tensor) -> Tensor:
         """B x S x H states -> B x S scores (fp32)."""
         projected = self.W_1(h)
@@ -232,14 +255,42 @@ class PositionalAttention(nn.Module):
     their softmax) in fp32: in bf16 the positions i/N of a 1024-token block are not even distinct,
     and in fp16 the gradient of the log-score overflows once sigma is below about 0.04. mu (and
     the cached mu) are fp32; context and weights come back in the model's dtype.
+
+    ``eps`` (``--positional-attention-eps``, default 1e-3 as the authors' code) is part of the
+    function. The integer buffer ``version`` (2), saved in the state dict, marks models built since
+    that default; a state dict without it (version 1, trained when eps was 1e-6) sets eps to
+    ``LEGACY_GAUSSIAN_EPS`` = 1e-6 when fairseq loads it (:meth:`upgrade_state_dict_named`), and keeps
+    version 1 when saved again.
     """
 
     def __init__(self, hidden_size: int, generator_size: int = 20, eps: float = GAUSSIAN_EPS) -> None:
         super().__init__()
+        if not eps >= 0:
+            raise ValueError(f"--positional-attention-eps must not be negative, got {eps}")
         self.position_generator = LSTM(hidden_size, generator_size, batch_first=True)
         self.W_mu = Linear(generator_size, 3)
         self.w_sigma = Linear(generator_size, 1)
+        self.configured_eps = eps
         self.eps = eps
+        # integer: .half() / .to(dtype) leave it alone; fairseq's EMA skips keys named "version"
+        self.register_buffer("version", torch.tensor([POSITIONAL_ATTENTION_VERSION]))
+
+    def upgrade_state_dict_named(self, state_dict: Dict[str, Tensor], name: str) -> Dict[str, Tensor]:
+        """Called by fairseq's ``load_state_dict`` (``BaseFairseqModel.upgrade_state_dict``) before
+        the weights are copied: a state dict without ``<name>.version`` comes from a model trained
+        when eps was 1e-6; it gets version 1, and this module eps 1e-6 (whatever the arguments say,
+        which such a checkpoint does not hold). Version 2: the eps the module was built with."""
+        key = f"{name}.version" if name else "version"
+        version = state_dict.setdefault(key, torch.tensor([1]))
+        self.eps = LEGACY_GAUSSIAN_EPS if int(version[0]) == 1 else self.configured_eps
+        return state_dict
+
+    def initialise_as_authors(self) -> None:
+        """PyTorch's defaults, as the authors' code: the position generator U(+-1/sqrt(20)), W_mu and
+        w_sigma U(+-1/sqrt(fan_in)), weights and biases."""
+        self.position_generator.reset_parameters()
+        self.W_mu.reset_parameters()
+        self.w_sigma.reset_parameters()
 
     def generate(
         self, h: Tensor, state: Optional[Tuple[Tensor, Tensor]] = None
@@ -332,10 +383,14 @@ class AttentiveLSTMDecoder(FairseqIncrementalDecoder):
         max_target_positions: int = DEFAULT_MAX_TARGET_POSITIONS,
         checkpoint_activations: bool = False,
         offload_activations: bool = False,
+        positional_attention_eps: float = GAUSSIAN_EPS,
+        init: str = "authors",
     ) -> None:
         super().__init__(dictionary)
         if attention not in ("salton", "positional"):
             raise ValueError(f"unknown attention {attention!r}")
+        if init not in INITS:
+            raise ValueError(f"--attentive-lm-init must be one of {INITS}, not {init!r}")
         if positional_attention_normalizer not in NORMALIZERS:
             raise ValueError(
                 f"--positional-attention-normalizer must be one of {NORMALIZERS}, "
@@ -371,13 +426,26 @@ class AttentiveLSTMDecoder(FairseqIncrementalDecoder):
         if attention == "salton":
             self.attention = SaltonAttention(hidden_size)
         else:
-            self.attention = PositionalAttention(hidden_size, positional_attention_hidden)
+            self.attention = PositionalAttention(hidden_size, positional_attention_hidden, eps=positional_attention_eps)
         self.concat_proj = Linear(2 * hidden_size, out_embed_dim)
         if share_input_output_embed:
             self.output_bias = nn.Parameter(torch.zeros(len(dictionary)))
         else:
             self.fc_out = Linear(out_embed_dim, len(dictionary))
             nn.init.zeros_(self.fc_out.bias)
+        if init == "authors":
+            self.initialise_as_authors()
+
+    def initialise_as_authors(self) -> None:
+        """``--attentive-lm-init authors``: the released code's initialisation. The LSTM layers,
+        the concatenation layer and Dagan's position generator, W_mu and w_sigma get PyTorch's
+        defaults (U(+-1/sqrt(H)) for an LSTM of H units, U(+-1/sqrt(fan_in)) for a linear layer,
+        weights and biases); Salton's W_1 and w_2 xavier-uniform, b_1 zero. The embedding (fairseq's
+        U(+-0.1), pad row 0, or the pretrained one), the output bias (0) and an untied output layer
+        (U(+-0.1), bias 0) stay as built: the authors' too."""
+        self.lstm.reset_parameters()
+        self.attention.initialise_as_authors()
+        self.concat_proj.reset_parameters()
 
     # ------------------------------------------------------------------ forward
     def forward(
@@ -538,6 +606,11 @@ def _add_lstm_lm_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument('--offload-activations', action='store_true',
                         help='keep the tensors saved for the backward pass in CPU memory; sets '
                              '--checkpoint-activations')
+    parser.add_argument('--attentive-lm-init', choices=INITS,
+                        help='authors (default): the released code\'s initialisation (PyTorch defaults '
+                             'for the LSTMs, the concatenation layer, W_mu and w_sigma; xavier for '
+                             'Salton\'s W_1 and w_2, zero biases); uniform: U(+-0.1) for every weight '
+                             'and bias, as the paper\'s text')
     # fmt: on
 
 
@@ -550,6 +623,9 @@ def _add_positional_args(parser: argparse.ArgumentParser) -> None:
                              'training run (default, causal); "sentence" = the true length of each '
                              'sentence, the paper\'s choice, which LEAKS THE FUTURE (outputs depend '
                              'on the number of tokens that follow) and cannot generate step by step')
+    parser.add_argument('--positional-attention-eps', type=float, metavar='EPS',
+                        help='epsilon added to 2 sigma^2 in the Gaussian (default: 1e-3, the authors\' '
+                             'code; models trained before this default keep 1e-6)')
     # fmt: on
 
 
@@ -610,6 +686,8 @@ class AttentiveLSTMLanguageModel(PosattnHubMixin, FairseqLanguageModel):
             max_target_positions=int(max_target_positions),
             checkpoint_activations=args.checkpoint_activations,
             offload_activations=args.offload_activations,
+            positional_attention_eps=getattr(args, "positional_attention_eps", GAUSSIAN_EPS),
+            init=args.attentive_lm_init,
         )
         score_every_block(task, fixed_limit=None)  # no parameter depends on a position
         return cls(decoder)
@@ -645,6 +723,8 @@ def attentive_lstm_lm(args: Any) -> None:
         args.share_decoder_input_output_embed = True
     args.offload_activations = getattr(args, "offload_activations", False)
     args.checkpoint_activations = getattr(args, "checkpoint_activations", False) or args.offload_activations
+    # only matters for a new model: a checkpoint's weights replace the initialisation
+    args.attentive_lm_init = getattr(args, "attentive_lm_init", None) or "authors"
 
 
 @register_model_architecture("positional_attentive_lstm_lm", "positional_attentive_lstm_lm")
@@ -653,3 +733,7 @@ def positional_attentive_lstm_lm(args: Any) -> None:
     attentive_lstm_lm(args)
     args.positional_attention_hidden = getattr(args, "positional_attention_hidden", 20)
     args.positional_attention_normalizer = getattr(args, "positional_attention_normalizer", "block")
+    # a checkpoint trained when the default was 1e-6 has no such argument: it gets 1e-3 here, and
+    # PositionalAttention.upgrade_state_dict_named sets 1e-6 back when its weights are loaded
+    if getattr(args, "positional_attention_eps", None) is None:
+        args.positional_attention_eps = GAUSSIAN_EPS
