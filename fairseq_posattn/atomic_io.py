@@ -19,11 +19,18 @@ it writes, and the next write of the same target removes that target's temporari
 their writer is gone. A locked one belongs to a live process writing the same file and is left alone.
 
 Reading: :func:`read_lines` (and :func:`count_lines`) read UTF-8; a file that is not raises
-:class:`NotUtf8Error` naming ``file:line`` of the first undecodable byte and how to convert the file.
+:class:`NotUtf8Error` naming ``file:line`` of the first undecodable byte and how to convert the file. A
+UTF-8 byte order mark at the start is dropped (with a warning), so that it does not become part of the
+first word; a carriage return inside a line is an error naming ``file:line``, because Python (and fairseq)
+would break the line there while ``wc -l`` and the other side of a parallel corpus do not. Windows line
+endings (``\\r\\n``) are read like ``\\n``.
+
+Writing over an input: :func:`refuse_output_that_is_an_input` is the check every command makes first.
 """
 
 import contextlib
 import fcntl
+import functools
 import io
 import itertools
 import logging
@@ -255,14 +262,50 @@ def named_decode_errors(path: str, open_binary: Optional[Callable[[], IO[bytes]]
         raise _not_utf8(path, open_binary or (lambda: open(path, "rb")), error) from None
 
 
-def read_lines(path: str, max_lines: Optional[int] = None) -> Iterator[str]:
-    """Yield the lines of a UTF-8 file without their line ending, at most ``max_lines`` of them.
+#: The UTF-8 byte order mark, as Python decodes it (``"utf-8"`` keeps it, ``"utf-8-sig"`` drops it).
+BYTE_ORDER_MARK = "\ufeff"
 
-    Raises :class:`NotUtf8Error` naming ``path:line`` at the first line that is not UTF-8.
+
+class StrayCarriageReturnError(ValueError):
+    """A carriage return inside a line of a text input; the message names ``file:line`` and the fix."""
+
+
+def read_lines(path: str, max_lines: Optional[int] = None) -> Iterator[str]:
+    """Yield the lines of a UTF-8 file without their line ending (``\\n`` or ``\\r\\n``), at most
+    ``max_lines`` of them.
+
+    A byte order mark at the start of the file is dropped, with a warning. Raises :class:`NotUtf8Error`
+    naming ``path:line`` at the first line that is not UTF-8, and :class:`StrayCarriageReturnError` at the
+    first line holding a carriage return that does not end it.
     """
-    with open(path, encoding="utf-8") as f, named_decode_errors(path):
-        for line in itertools.islice(f, max_lines):
-            yield line.rstrip("\r\n")
+    with open(path, encoding="utf-8", newline="\n") as f, named_decode_errors(path):
+        for number, line in enumerate(itertools.islice(f, max_lines), start=1):
+            line = line[:-1] if line.endswith("\n") else line
+            line = line[:-1] if line.endswith("\r") else line
+            if "\r" in line:
+                raise _stray_carriage_return(path, number, line)
+            if number == 1 and line.startswith(BYTE_ORDER_MARK):
+                _warn_byte_order_mark(path)
+                line = line[len(BYTE_ORDER_MARK):]
+            yield line
+
+
+def _stray_carriage_return(path: str, number: int, line: str) -> StrayCarriageReturnError:
+    column = line.index("\r")
+    shown = line[max(0, column - 20):column + 20].replace("\r", "\\r")
+    return StrayCarriageReturnError(
+        f"{path}:{number}: carriage return (\\r) inside the line, at column {column + 1}: \"{shown}\". Python "
+        f"and fairseq would read it as a line break, while `wc -l` and the other files do not, so every later "
+        f"line would be shifted. Replace it by a space, e.g. `sed -i 's/\\r$//; s/\\r/ /g' {path}` (which also "
+        f"turns Windows line endings into plain ones)")
+
+
+@functools.lru_cache(maxsize=None)
+def _warn_byte_order_mark(path: str) -> None:
+    """Warn once per file (a file is often read several times) that its byte order mark is dropped."""
+    logger.warning("%s:1: starts with a UTF-8 byte order mark (BOM), which is dropped: it is not text and would "
+                   "become part of the first word. fairseq-preprocess and subword-nmt keep it; to remove it from "
+                   "the file: sed -i '1s/^\\xEF\\xBB\\xBF//' %s", path, path)
 
 
 def count_lines(path: str) -> int:
@@ -278,3 +321,23 @@ def write_lines(path: str, lines: Iterable[str]) -> int:
             out.write(line + "\n")
             n += 1
     return n
+
+
+def refuse_output_that_is_an_input(output: str, *inputs: Optional[str]) -> None:
+    """Raise ValueError when ``output`` is one of ``inputs`` (``None`` ones are skipped): writing it would
+    replace the input, often before it is read in full.
+
+    The same file can have several names (``./x``, a symbolic or hard link): existing files are compared
+    with :func:`os.path.samefile`, others by their resolved paths.
+    """
+    for source in filter(None, inputs):
+        if _same_file(output, source):
+            named = "" if output == source else f" (under the name {source})"
+            raise ValueError(f"{output}: the output is also an input{named}; writing it would destroy that input. "
+                             "Write the output to another file")
+
+
+def _same_file(first: str, second: str) -> bool:
+    if os.path.exists(first) and os.path.exists(second):
+        return os.path.samefile(first, second)
+    return os.path.realpath(first) == os.path.realpath(second)

@@ -16,6 +16,7 @@ directory + keyword overrides), the interface depends on the checkpoint's task:
 """
 
 import math
+import os
 from typing import Any, Dict, List, Optional, Sequence, Union
 
 import torch
@@ -28,6 +29,7 @@ from fairseq.tasks.language_modeling import LanguageModelingTask
 from fairseq.tasks.sentence_prediction import SentencePredictionTask
 from torch import nn
 
+from fairseq_posattn.data.fingerprint import DataMismatchError
 from fairseq_posattn.tasks.pos_tagging import PosTaggingTask
 
 #: ``max_tokens`` per batch when the checkpoint's config has neither --max-tokens nor --batch-size
@@ -40,9 +42,15 @@ Sentence = Union[str, Sequence[str]]
 def from_pretrained(model_name_or_path: str, checkpoint_file: str = "model.pt", data_name_or_path: str = ".",
                     archive_map: Optional[Dict[str, Any]] = None, **kwargs) -> nn.Module:
     """Load checkpoint(s) and their task as fairseq's ``from_pretrained`` does (``kwargs`` override the
-    checkpoint's config, e.g. ``tokenizer="posattn_moses"``) and wrap them in their family's interface."""
-    loaded = hub_utils.from_pretrained(model_name_or_path, checkpoint_file, data_name_or_path,
-                                       archive_map=archive_map, **kwargs)
+    checkpoint's config, e.g. ``tokenizer="posattn_moses"``) and wrap them in their family's interface.
+
+    A data directory whose dictionaries are not those the checkpoint was trained with raises
+    :class:`~fairseq_posattn.data.fingerprint.DataMismatchError` naming the checkpoint file."""
+    try:
+        loaded = hub_utils.from_pretrained(model_name_or_path, checkpoint_file, data_name_or_path,
+                                           archive_map=archive_map, **kwargs)
+    except DataMismatchError as error:
+        raise error.naming(os.path.join(model_name_or_path, checkpoint_file)) from None
     return hub_interface(loaded["args"], loaded["task"], loaded["models"])
 
 

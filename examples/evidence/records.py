@@ -21,6 +21,7 @@ record to run it again. ``EVIDENCE_RECORDS`` moves the folder (the tests use the
 import datetime
 import json
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -57,10 +58,15 @@ def is_recorded(run: Run, root: Optional[Path] = None) -> bool:
 
 
 def without_machine_paths(line: str) -> str:
-    """A log line with this machine's paths made relative: the repository's to it, its siblings' (the shared
-    data) to ``../``, the home folder to ``~``."""
-    for path, shown in ((REPO, ""), (REPO.parent, "../"), (Path.home(), "~/")):
-        line = line.replace(f"{path}/", shown)
+    """A log line with this machine's paths made relative: the repository's to it, the shared data folder
+    beside it to ``../shared``, the home folder to ``~``.
+
+    Only these: other paths (``/tmp/plasma`` in fairseq's logged configuration, pytest's temporary folders)
+    stay as they are, wherever the clone lies. A path is rewritten only where it starts (after a space, quote,
+    ``=`` or the like), not where it merely ends another path.
+    """
+    for path, shown in ((REPO, ""), (REPO.parent / "shared", "../shared/"), (Path.home(), "~/")):
+        line = re.sub(rf"(?<![\w./~-]){re.escape(str(path))}/", lambda _: shown, line)
     return line
 
 

@@ -8,7 +8,8 @@ Each system is NAME=PATH; the first is the baseline. PATH is a ``fairseq-generat
 hypotheses, one per reference line (``--input-format`` to force either). A system still in BPE (more
 than 1% of its hypotheses hold ``@@ `` markers: generated without ``--remove-bpe``) is refused;
 ``--remove-bpe`` joins the pieces of every system instead. ``--ref`` takes the raw reference file;
-repeat it for multi-reference test sets (NIST: four).
+repeat it for multi-reference test sets (NIST: four). The references a fairseq-generate output carries
+(``T-<id>`` lines) must be those of ``--ref``: systems that translated another split or test set are refused.
 
 Columns: sacreBLEU on detokenized text; the difference to the baseline; the bootstrap mean and the
 half-width of its 95% interval; the p-value of sacrebleu's paired bootstrap resampling (Koehn 2004)
@@ -40,8 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="target language for the Moses detokenizer and tokenizer "
                              "(default: the first reference file's suffix, e.g. de for test.de)")
     parser.add_argument("--input-format", choices=INPUT_FORMATS, default="auto",
-                        help="auto: fairseq-generate output when a file has H-<id> lines, else plain "
-                             "detokenized text (default: %(default)s)")
+                        help="auto: fairseq-generate output when a file has H-<id> lines or generate's log "
+                             "lines, else plain detokenized text (default: %(default)s)")
     parser.add_argument("--tokenized-bleu", action="store_true",
                         help="also the tokenized BLEU of the WMT14 en-de papers (Moses tokens, "
                              "compounds split as ##AT##-##AT##), with its own significance")
@@ -67,7 +68,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     with reported_errors("posattn-compare"):
         references = read_references(args.ref)
         systems = [(name, read_system(path, lang, args.ref[0], len(references[0]), args.input_format,
-                                      args.remove_bpe))
+                                      args.remove_bpe, references))
                    for name, path in args.systems]
         comparisons = compare_systems(systems, references, lang, tokenized_bleu=args.tokenized_bleu,
                                       split_compounds=not args.no_compound_split, lowercase=args.lowercase,

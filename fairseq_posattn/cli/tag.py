@@ -14,6 +14,9 @@ wrong: some of them is a warning naming the first line, how many and the likely 
 the UPOS column); all of them is an error, before the model is loaded and nothing is written. Pass
 ``--no-gold`` when the column does not hold gold tags of the model's kind: the file is tagged without
 an accuracy.
+
+A data directory whose dictionaries are not those the checkpoint was trained with is refused when the
+model loads (:mod:`fairseq_posattn.data.fingerprint`), and so is an ``--output`` that is the input.
 """
 
 import argparse
@@ -26,7 +29,9 @@ from fairseq import checkpoint_utils
 from fairseq.data import Dictionary
 
 import fairseq_posattn  # noqa: F401  (registers the task and the model)
-from fairseq_posattn.cli import reported_errors, setup_logging
+from fairseq_posattn.atomic_io import refuse_output_that_is_an_input
+from fairseq_posattn.cli import positive_int, reported_errors, setup_logging
+from fairseq_posattn.data.fingerprint import DataMismatchError
 from fairseq_posattn.data.tagged_corpus import TAG_COLUMNS, TaggedSentence, read_tagged_conllu, write_predicted_tags
 from fairseq_posattn.data.tagging_dataset import TaggingSettings, TaggingVocabulary
 
@@ -41,7 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--path", required=True, help="checkpoint of a model trained with --task pos_tagging")
     parser.add_argument("--input", required=True, help="CoNLL-U file to tag (.gz is read through gzip)")
     parser.add_argument("--output", required=True, help="CoNLL-U file to write")
-    parser.add_argument("--batch-size", type=int, default=64, help="sentence pieces per batch")
+    parser.add_argument("--batch-size", type=positive_int, default=64, help="sentence pieces per batch")
     parser.add_argument("--cpu", action="store_true", help="run on the CPU even when a GPU is present")
     parser.add_argument("--no-gold", action="store_true",
                         help="the input's tag column is not gold tags of the model's kind: overwrite it, print "
@@ -58,11 +63,16 @@ def main(argv: Optional[List[str]] = None) -> None:
 
 def tag_file(args: argparse.Namespace) -> None:
     """Read and check the input, then load the model, tag and write; print the accuracy over the gold tags."""
+    refuse_output_that_is_an_input(args.output, args.input, args.path)
     column = TaggingSettings.load(args.data).tag_column
     sentences = list(read_tagged_conllu(args.input, column, require_tags=False))
     if not args.no_gold:
         check_gold_tags(args.input, sentences, TaggingVocabulary.load(args.data).tags, column)
-    models, _, task = checkpoint_utils.load_model_ensemble_and_task([args.path], arg_overrides={"data": args.data})
+    try:
+        models, _, task = checkpoint_utils.load_model_ensemble_and_task([args.path],
+                                                                        arg_overrides={"data": args.data})
+    except DataMismatchError as error:
+        raise error.naming(args.path) from None
     model = models[0]
     if torch.cuda.is_available() and not args.cpu:
         model.cuda()

@@ -2,7 +2,9 @@
 al. (2020, section 3): over all words, out-of-vocabulary words and ambiguous words.
 
 The logged ``accuracy``, ``oov_accuracy`` and ``ambiguous_accuracy`` are percentages of the words
-of the whole validation set (counts are summed before dividing); ``loss`` is in base 2 per word, as
+of the whole validation set (counts are summed before dividing), each word's prediction being its most
+probable tag of the data, as posattn-tag and the hub predict it
+(:meth:`~fairseq_posattn.tasks.pos_tagging.PosTaggingTask.predict_tags`); ``loss`` is in base 2 per word, as
 fairseq's cross-entropy criterion reports it.
 """
 
@@ -54,7 +56,7 @@ class PosTaggingCriterion(FairseqCriterion):
         lprobs = F.log_softmax(logits, dim=-1, dtype=torch.float32)
         loss = F.nll_loss(lprobs.view(-1, lprobs.size(-1)), target.view(-1),
                           ignore_index=self.padding_idx, reduction="sum" if reduce else "none")
-        counts = tagging_counts(logits.argmax(dim=-1), target, sample["flags"], self.padding_idx)
+        counts = tagging_counts(self.task.predict_tags(logits), target, sample["flags"], self.padding_idx)
         logging_output = {"loss": loss.data, "ntokens": sample["ntokens"],
                           "nsentences": sample["nsentences"], "sample_size": sample["ntokens"], **counts}
         return loss, sample["ntokens"], logging_output

@@ -13,6 +13,14 @@ while BPE text has them on most lines; a literal ``@@`` token followed by a spac
 Rule: more than :data:`BPE_LINE_FRACTION` (1%) of the hypotheses holding a continuation marker is an
 error; fewer (but some) is a warning, and the hypotheses are scored as written. ``remove_bpe=True``
 (``posattn-score --remove-bpe``) joins the pieces exactly as ``fairseq-generate --remove-bpe`` does.
+
+Scored against the reference of another split (``--gen-subset valid`` against ``test.de``), BLEU is a small
+number and nothing says why. fairseq-generate also prints each sentence's reference, ``T-<id>\\t<text>``
+(tokenized like the hypotheses, ``<<unk>>`` for words outside the dictionary): :func:`check_targets`
+detokenizes those as it does the hypotheses and compares them with the reference file's lines, ignoring
+whitespace, control characters and case (which tokenization and detokenization may change). An output
+without ``T-`` lines (fairseq-interactive's, or a split without targets) cannot be checked: a warning
+says so. An empty line in a reference file is refused (:func:`read_reference`).
 """
 
 import logging
@@ -22,8 +30,8 @@ from typing import Dict, List, Optional, Sequence, Tuple, TypeVar
 
 from sacrebleu.metrics import BLEU
 
-from fairseq_posattn.atomic_io import read_lines, write_lines
-from fairseq_posattn.data.text_pipeline import detokenize_lines
+from fairseq_posattn.atomic_io import read_lines, refuse_output_that_is_an_input, write_lines
+from fairseq_posattn.data.text_pipeline import detokenize_lines, moses_detokenizer
 from fairseq_posattn.data.text_pipeline import remove_bpe as join_bpe_pieces
 
 T = TypeVar("T")
@@ -31,6 +39,11 @@ T = TypeVar("T")
 logger = logging.getLogger(__name__)
 
 HYPOTHESIS_PREFIX = "H-"
+TARGET_PREFIX = "T-"
+#: How fairseq-generate prints a target word that is not in the dictionary (``escape_unk=True``).
+ESCAPED_UNKNOWN = "<<unk>>"
+#: What the check of the ``T-`` lines ignores: whitespace and the control characters Moses deletes.
+_NOT_COMPARED = re.compile(r"[\s\x00-\x1f]+")
 #: A subword-nmt piece that is not the last of its word ends with ``@@``: followed by a space, or the
 #: line's end (where ``fairseq-generate --remove-bpe`` also removes it).
 _BPE_CONTINUATION = re.compile(r"@@( |$)")
@@ -84,6 +97,10 @@ def hypotheses_in_order(hypotheses: Dict[int, T], gen_path: str, ref_path: str, 
 
     Raises ValueError naming both files when the counts or ids do not match the references.
     """
+    if not hypotheses:
+        raise ValueError(f"{gen_path} holds no hypotheses (H-<id> lines): fairseq-generate prints them unless it "
+                         "is run with --quiet, which prints only its own score. Rerun it without --quiet and score "
+                         "its output (stdout, or generate-SUBSET.txt in --results-path)")
     expected = set(range(n_refs))
     if len(hypotheses) == n_refs and set(hypotheses) == expected:
         return [hypotheses[i] for i in range(n_refs)]
@@ -132,6 +149,85 @@ def without_bpe(path: str, numbered: Sequence[Tuple[int, str]], remove_bpe: bool
     return [text for _, text in numbered]
 
 
+def read_reference(path: str) -> List[str]:
+    """The lines of a raw reference file, one reference translation per line.
+
+    An empty line is refused, naming ``path:line``: no test set has empty references, and an extra blank line
+    at the end would otherwise be reported as hypotheses missing from the fairseq-generate output.
+    """
+    lines = list(read_lines(path))
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            where = ("an extra blank line at the end of the file" if not "".join(lines[number:]).strip()
+                     else "every later reference is shifted against its hypothesis")
+            raise ValueError(f"{path}:{number}: empty line in the reference file ({where}); every line must hold the "
+                             f"reference translation of one sentence: remove line {number} from {path}")
+    return lines
+
+
+def numbered_targets(path: str) -> Dict[int, Tuple[int, str]]:
+    """Map sentence id -> (line number, reference text) for every ``T-<id>`` line of a fairseq-generate output."""
+    targets: Dict[int, Tuple[int, str]] = {}
+    for number, line in enumerate(read_lines(path), start=1):
+        if line.startswith(TARGET_PREFIX):
+            ident, _, text = line.partition("\t")
+            try:
+                targets[int(ident[len(TARGET_PREFIX):])] = (number, text)
+            except ValueError:
+                raise ValueError(f"{path}:{number}: not a fairseq-generate reference line 'T-<id>\\t<text>': "
+                                 f"{line!r}") from None
+    return targets
+
+
+def check_targets(gen_path: str, ref_path: str, references: Sequence[Sequence[str]], lang: str,
+                  remove_bpe: bool = False) -> None:
+    """Check that the references fairseq-generate printed (``T-<id>`` lines) are those of the reference files.
+
+    ``references`` holds the lines of every reference file (several for multi-reference BLEU), ``ref_path`` is
+    the first one. Each ``T-`` line is detokenized for ``lang`` (its BPE pieces first joined if ``remove_bpe``)
+    and must be line ``id + 1`` of one of the files, up to :func:`same_sentence`; otherwise ValueError names
+    the generate file's line, the sentence and the reference line. No ``T-`` line at all is a warning.
+    """
+    targets = numbered_targets(gen_path)
+    if not targets:
+        logger.warning("%s has no reference lines (T-<id>), so nothing shows that it translates the sentences "
+                       "of %s: fairseq-generate prints them for a split with a target side (fairseq-interactive "
+                       "never does). Make sure the reference is that of the translated split", gen_path, ref_path)
+        return
+    detokenize = moses_detokenizer(lang)
+    for sent_id, (number, text) in sorted(targets.items()):
+        target = detokenize(join_bpe_pieces(text) if remove_bpe else text)
+        if not any(sent_id < len(lines) and same_sentence(target, lines[sent_id]) for lines in references):
+            raise ValueError(_target_mismatch(gen_path, number, sent_id, target, ref_path, references))
+
+
+def same_sentence(target: str, reference: str) -> bool:
+    """Whether a detokenized ``T-`` line holds the sentence of a raw reference line: the same text once
+    whitespace, control characters and case are ignored, each ``<<unk>>`` standing for some text."""
+    pieces = [re.escape(_compared(piece)) for piece in target.split(ESCAPED_UNKNOWN)]
+    return re.fullmatch(".+?".join(pieces), _compared(reference), flags=re.DOTALL) is not None
+
+
+def _compared(text: str) -> str:
+    return _NOT_COMPARED.sub("", text).casefold()
+
+
+def _target_mismatch(gen_path: str, number: int, sent_id: int, target: str, ref_path: str,
+                     references: Sequence[Sequence[str]]) -> str:
+    first = references[0]
+    found = f'reads "{_shortened(first[sent_id])}"' if sent_id < len(first) else f"has only {len(first)} lines"
+    others = f" (nor of the {len(references) - 1} other reference files)" if len(references) > 1 else ""
+    return (f"{gen_path}:{number}: the reference of sentence {sent_id} (T-{sent_id}) is not line {sent_id + 1} "
+            f"of {ref_path}{others}: fairseq-generate printed \"{_shortened(target)}\", {ref_path}:{sent_id + 1} "
+            f"{found}. The output translates another split or test set (e.g. fairseq-generate --gen-subset valid "
+            f"scored against test references): score it against the raw reference file of the split it "
+            f"translates, or generate the split of --ref")
+
+
+def _shortened(text: str, limit: int = 60) -> str:
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
 def _abbreviate(ids: List[int], limit: int = 10) -> str:
     shown = ", ".join(str(i) for i in ids[:limit])
     return f"{shown}, ... ({len(ids)} in all)" if len(ids) > limit else shown
@@ -143,10 +239,14 @@ def score_generate_output(gen_path: str, ref_path: str, lang: str, write_detok: 
 
     ``lang`` is the target language (for the Moses detokenizer). ``write_detok``, if given, receives
     the detokenized hypotheses in id order, one per line. ``remove_bpe`` joins BPE pieces first (for an
-    output generated without ``--remove-bpe``, which is otherwise refused: :func:`without_bpe`).
+    output generated without ``--remove-bpe``, which is otherwise refused: :func:`without_bpe`). The output's
+    ``T-`` lines must be the reference's (:func:`check_targets`), which has no empty line (:func:`read_reference`).
     """
-    references = list(read_lines(ref_path))
+    if write_detok:
+        refuse_output_that_is_an_input(write_detok, gen_path, ref_path)
+    references = read_reference(ref_path)
     hypotheses = read_generate_output(gen_path, ref_path, len(references), remove_bpe)
+    check_targets(gen_path, ref_path, [references], lang, remove_bpe)
     detok = detokenize_lines(hypotheses, lang)
     if write_detok:
         write_lines(write_detok, detok)

@@ -13,11 +13,14 @@ is its command line::
 Every split is read and checked before anything is written: an empty line, a line without a
 sentence after its label, a label outside ``--labels``, or a label of a later split that the
 training split never uses (fairseq-preprocess would silently turn it into ``<unk>``) is an error
-naming ``file:line``.
+naming ``file:line``. Without ``--labels`` every first field is a label, so a typo makes a class of its
+own: a label on under 1% of the training examples is a warning with every label's count
+(:func:`warn_rare_labels`).
 """
 
 import logging
 import os
+from collections import Counter
 from dataclasses import dataclass
 from typing import Dict, Iterator, List, Optional, Sequence
 
@@ -26,6 +29,8 @@ from fairseq_posattn.atomic_io import read_lines, write_lines
 logger = logging.getLogger(__name__)
 
 SPLITS = ("train", "valid", "test")
+#: a training label on fewer than this share of the examples is warned about (without ``--labels``)
+RARE_LABEL_SHARE = 0.01
 
 
 @dataclass
@@ -58,6 +63,21 @@ def check_labels_seen(path: str, examples: List[LabelledSentence], train_labels:
                              f"split (its labels: {', '.join(sorted(train_labels))})")
 
 
+def warn_rare_labels(path: str, examples: List[LabelledSentence]) -> None:
+    """Log every label's count in the training examples; warn about each label on fewer than
+    ``RARE_LABEL_SHARE`` of them, naming its first ``path:line`` (a typo'd label is a class of its own)."""
+    counts = Counter(example.label for example in examples)
+    summary = ", ".join(f"{label!r} x{count}" for label, count in counts.most_common())
+    logger.info("%s: %d labels: %s", path, len(counts), summary)
+    for label, count in counts.items():
+        if count < RARE_LABEL_SHARE * len(examples):
+            line = next(example.line for example in examples if example.label == label)
+            usual = ",".join(sorted(other for other in counts if other != label))
+            logger.warning("%s:%d: label %r is on %d of the %d training examples (labels: %s); every label becomes "
+                           "a class: if it is a typo, fix the line; pin the label set with --labels %s (then any "
+                           "other label is an error)", path, line, label, count, len(examples), summary, usual)
+
+
 def split_corpus(splits: Dict[str, str], destdir: str, labels: Optional[Sequence[str]] = None) -> Dict[str, int]:
     """Write ``destdir/{split}.input0`` and ``destdir/{split}.label`` for every ``split -> path``.
 
@@ -70,6 +90,8 @@ def split_corpus(splits: Dict[str, str], destdir: str, labels: Optional[Sequence
     for split, examples in read.items():
         if not examples:
             raise ValueError(f"{splits[split]}: no examples")
+    if labels is None:
+        warn_rare_labels(splits["train"], read["train"])
     train_labels = {example.label for example in read["train"]}
     for split, examples in read.items():
         check_labels_seen(splits[split], examples, train_labels)

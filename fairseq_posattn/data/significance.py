@@ -14,6 +14,9 @@ Systems come as ``fairseq-generate --remove-bpe`` outputs (``H-<id>`` lines, Mos
 put in id order and detokenized) or as plain detokenized text, one hypothesis per line. Either is
 refused when it is still in BPE (:func:`fairseq_posattn.data.generate_output.without_bpe`): one system
 scored on pieces would differ "significantly" from the others for no reason but the missing post-processing.
+So is a generate output whose references (``T-`` lines) are not those of the reference files
+(:func:`fairseq_posattn.data.generate_output.check_targets`): every system is checked against the same
+references, so systems that translate different splits are never compared.
 """
 
 import re
@@ -25,14 +28,15 @@ from sacrebleu.significance import PairedTest
 from sacremoses import MosesTokenizer
 
 from fairseq_posattn.atomic_io import read_lines
-from fairseq_posattn.data.generate_output import read_generate_output, without_bpe
+from fairseq_posattn.data.generate_output import check_targets, read_generate_output, read_reference, without_bpe
 from fairseq_posattn.data.text_pipeline import detokenize_lines
 
 #: ``a-b`` -> ``a ##AT##-##AT## b``, non-overlapping left to right exactly like the Perl original
 #: ``s{(\S)-(\S)}{$1 ##AT##-##AT## $2}g`` (so ``a-b-c`` becomes ``a ##AT##-##AT## b-c``).
 _COMPOUND = re.compile(r"(\S)-(\S)")
-#: A ``fairseq-generate`` hypothesis line: ``H-<id>\t<score>\t<text>``.
-_GENERATE_LINE = re.compile(r"^H-\d+\t[-+0-9.eEinfa]+(\t|$)")
+#: A ``fairseq-generate`` hypothesis line, ``H-<id>\t<score>\t<text>``, or one of its log lines (all that
+#: ``--quiet`` leaves).
+_GENERATE_LINE = re.compile(r"^H-\d+\t[-+0-9.eEinfa]+(\t|$)|.* \| fairseq_cli\.generate \| |Generate \S+ with beam=")
 INPUT_FORMATS = ("auto", "generate", "text")
 SIGNIFICANCE_LEVEL = 0.05
 
@@ -52,24 +56,29 @@ def tokenize_for_bleu(lines: Sequence[str], lang: str, split_compounds: bool = T
 
 def is_generate_output(path: str) -> bool:
     """True if ``path`` holds ``fairseq-generate`` output, i.e. has at least one ``H-<id>\\t<score>\\t``
-    line; plain hypothesis files have none."""
+    line or one of its log lines; plain hypothesis files have neither."""
     return any(_GENERATE_LINE.match(line) for line in read_lines(path))
 
 
 def read_system(path: str, lang: str, ref_path: str, n_lines: int, input_format: str = "auto",
-                remove_bpe: bool = False) -> List[str]:
+                remove_bpe: bool = False, references: Optional[Sequence[Sequence[str]]] = None) -> List[str]:
     """A system's detokenized hypotheses, in the order of the reference ``ref_path`` (``n_lines`` lines).
 
     ``input_format``: ``generate`` (a ``fairseq-generate --remove-bpe`` output, ordered by id and
     Moses-detokenized with ``lang``), ``text`` (already detokenized, one line per reference line) or
-    ``auto`` (``generate`` when the file has ``H-<id>`` lines). Raises ValueError naming the files when
+    ``auto`` (``generate`` when :func:`is_generate_output`). Raises ValueError naming the files when
     the hypotheses do not match the reference lines one to one, or when they are still in BPE (unless
-    ``remove_bpe``, which joins the pieces first).
+    ``remove_bpe``, which joins the pieces first). ``references`` (the lines of every reference file,
+    ``ref_path``'s first): a generate output's ``T-`` lines must be these
+    (:func:`~fairseq_posattn.data.generate_output.check_targets`).
     """
     if input_format not in INPUT_FORMATS:
         raise ValueError(f"input format must be one of {INPUT_FORMATS}, got {input_format!r}")
     if input_format == "generate" or (input_format == "auto" and is_generate_output(path)):
-        return detokenize_lines(read_generate_output(path, ref_path, n_lines, remove_bpe), lang)
+        hypotheses = read_generate_output(path, ref_path, n_lines, remove_bpe)
+        if references is not None:
+            check_targets(path, ref_path, references, lang, remove_bpe)
+        return detokenize_lines(hypotheses, lang)
     lines = list(read_lines(path))
     if len(lines) != n_lines:
         raise ValueError(f"{path} has {len(lines)} lines but the reference {ref_path} has {n_lines}: a "
@@ -78,9 +87,10 @@ def read_system(path: str, lang: str, ref_path: str, n_lines: int, input_format:
 
 
 def read_references(paths: Sequence[str]) -> List[List[str]]:
-    """One list of lines per reference file (several for multi-reference test sets such as NIST);
-    raises ValueError if the files differ in length."""
-    references = [list(read_lines(path)) for path in paths]
+    """One list of lines per reference file (several for multi-reference test sets such as NIST); raises
+    ValueError if the files differ in length or one has an empty line
+    (:func:`~fairseq_posattn.data.generate_output.read_reference`)."""
+    references = [read_reference(path) for path in paths]
     lengths = {len(ref) for ref in references}
     if len(lengths) > 1:
         counts = ", ".join(f"{path}: {len(ref)}" for path, ref in zip(paths, references))

@@ -67,7 +67,7 @@ def prepare_tagging_data(splits: Dict[str, Sequence[str]], destdir: str, tag_col
     """Write the vocabularies of ``splits["train"]`` and every split of ``splits`` (name -> CoNLL-U
     files, concatenated in order) binarized into ``destdir``; return one summary per split."""
     _check_settings(splits, max_length, max_chars, vocab_fraction, long_sentences)
-    train = list(_read_files(splits["train"], tag_column))
+    train = list(_read_files(splits["train"], tag_column, "train"))
     lexicon = TrainingLexicon.from_sentences(sentence for _, sentence in train)
     vocabulary = build_vocabulary(lexicon, vocab_fraction)
     settings = TaggingSettings(tag_column, max_length, max_chars, vocab_fraction)
@@ -76,7 +76,7 @@ def prepare_tagging_data(splits: Dict[str, Sequence[str]], destdir: str, tag_col
         settings.save(staging)
         summaries = [
             _binarize_split(name, ", ".join(paths),
-                            train if name == "train" else _read_files(paths, tag_column),
+                            train if name == "train" else _read_files(paths, tag_column, name),
                             staging, vocabulary, lexicon, settings, long_sentences)
             for name, paths in splits.items()
         ]
@@ -100,10 +100,18 @@ def _check_settings(splits: Dict[str, Sequence[str]], max_length: int, max_chars
         raise ValueError(f"--long-sentences must be split or error, got {long_sentences!r}")
 
 
-def _read_files(paths: Sequence[str], tag_column: str) -> Iterator[Tuple[str, TaggedSentence]]:
+def _read_files(paths: Sequence[str], tag_column: str, split: str) -> Iterator[Tuple[str, TaggedSentence]]:
+    """The sentences of ``paths`` in order; a file without any is an error (fairseq-train would fail
+    later on the empty split, or learn no tag)."""
     for path in paths:
+        empty = True
         for sentence in read_tagged_conllu(path, tag_column):
+            empty = False
             yield path, sentence
+        if empty:
+            raise ValueError(f"{path}: no sentence (the file is empty or holds only comments), so the {split} "
+                             f"split would have no words to {'learn from' if split == 'train' else 'score'}; "
+                             f"give --{split} a CoNLL-U file with tagged sentences")
 
 
 def _binarize_split(name: str, source: str, sentences: Iterable[Tuple[str, TaggedSentence]], staging: str,

@@ -18,6 +18,12 @@ from fairseq.data import Dictionary, FairseqDataset, data_utils
 
 META_FILE = "tagging.json"
 SPLIT_FIELDS = ("words", "chars", "tags", "flags")
+DICTIONARIES = ("words", "chars", "tags")
+
+
+def dictionary_file(name: str) -> str:
+    """``dict.{name}.txt``: the file of the ``words``, ``chars`` or ``tags`` dictionary."""
+    return f"dict.{name}.txt"
 
 
 @dataclass
@@ -54,12 +60,15 @@ class TaggingVocabulary:
 
     @classmethod
     def load(cls, directory: str) -> "TaggingVocabulary":
-        return cls(*(Dictionary.load(os.path.join(directory, f"dict.{name}.txt"))
-                     for name in ("words", "chars", "tags")))
+        return cls(*(Dictionary.load(os.path.join(directory, dictionary_file(name))) for name in DICTIONARIES))
 
     def save(self, directory: str) -> None:
-        for name in ("words", "chars", "tags"):
-            getattr(self, name).save(os.path.join(directory, f"dict.{name}.txt"))
+        for name, dictionary in self.files().items():
+            dictionary.save(os.path.join(directory, name))
+
+    def files(self) -> Dict[str, Dictionary]:
+        """The dictionaries by their file name in a data directory."""
+        return {dictionary_file(name): getattr(self, name) for name in DICTIONARIES}
 
     def encode_words(self, words: Sequence[str], max_chars: int) -> Tuple[torch.Tensor, torch.Tensor]:
         """Word ids ``(n,)`` and character ids ``(n * max_chars,)`` (each word's first ``max_chars``

@@ -4,8 +4,9 @@ Raw ``{split}.{lang}`` files go through :func:`prepare_translation_corpus` to
 ``{split}.tok.{lang}`` (sacremoses), a joint ``bpe.codes`` learned on the tokenized training data of
 both languages (subword-nmt) and ``{split}.bpe.{lang}``, ready for ``fairseq-preprocess``.
 
-Every output file is written atomically (:mod:`fairseq_posattn.atomic_io`): an interrupted run never
-leaves a half-written file behind under the final name.
+The outputs are written together (:mod:`fairseq_posattn.atomic_io`): into a temporary folder, whose files
+replace those of the output folder only when all of them are complete. A failed or interrupted run thus
+never leaves a half-written file, nor new tokenized text beside old BPE codes.
 """
 
 import functools
@@ -18,7 +19,7 @@ from subword_nmt.apply_bpe import BPE
 from subword_nmt.learn_bpe import learn_bpe as _subword_nmt_learn_bpe
 from tqdm import tqdm
 
-from fairseq_posattn.atomic_io import atomic_write, count_lines, read_lines, write_lines
+from fairseq_posattn.atomic_io import atomic_directory_update, atomic_write, count_lines, read_lines, write_lines
 
 logger = logging.getLogger(__name__)
 
@@ -30,6 +31,8 @@ BPE_SEPARATOR = "@@"
 #: :data:`BPE_SEPARATOR`: raw ``a@@b`` becomes ``a @ @ b``.
 MOSES_OPTIONS = {"escape": False, "aggressive_dash_splits": False}
 DEFAULT_SPLITS: Tuple[str, ...] = ("train", "valid", "test")
+#: The first line subword-nmt writes to a file of BPE codes.
+BPE_CODES_HEADER = "#version: 0.2"
 
 
 def moses_tokenizer(lang: str) -> Callable[[str], str]:
@@ -81,11 +84,14 @@ def learn_bpe(input_paths: Sequence[str], codes_path: str, num_merges: int, min_
     """Learn ``num_merges`` joint BPE merges on the concatenation of ``input_paths``.
 
     Returns the number of merges written to ``codes_path`` (fewer when no pair reaches
-    ``min_frequency``).
+    ``min_frequency``; none when no word has two characters, on which subword-nmt itself fails).
     """
     with atomic_write(codes_path) as out:
-        _subword_nmt_learn_bpe(_NamedLines(input_paths), out, num_merges, min_frequency=min_frequency)
-    n = count_lines(codes_path) - 1  # first line is "#version: 0.2"
+        if any(len(word) > 1 for path in input_paths for line in read_lines(path) for word in line.split()):
+            _subword_nmt_learn_bpe(_NamedLines(input_paths), out, num_merges, min_frequency=min_frequency)
+        else:
+            out.write(f"{BPE_CODES_HEADER}\n")
+    n = count_lines(codes_path) - 1  # first line is BPE_CODES_HEADER
     logger.info("learned %d BPE merges on %s -> %s", n, ", ".join(input_paths), codes_path)
     return n
 
@@ -121,11 +127,13 @@ def first_empty_line(path: str) -> Optional[int]:
 def check_parallel(src_path: str, tgt_path: str) -> int:
     """Check that two sides of a parallel corpus align; return their common line count.
 
-    Raises ValueError naming both files and their line counts if the counts differ, or the first
+    Raises ValueError naming both files and their line counts if the counts differ or are 0, or the first
     empty line as ``file:line`` (fairseq-preprocess would keep an empty sentence and
     ``LanguagePairDataset`` then trains on a pair that is not a translation).
     """
     n_src, n_tgt = count_lines(src_path), count_lines(tgt_path)
+    if n_src == n_tgt == 0:
+        raise ValueError(f"{src_path} and {tgt_path} are empty: every split needs sentence pairs, one per line")
     counts = f"{src_path} has {n_src} lines, {tgt_path} has {n_tgt} lines"
     if n_src != n_tgt:
         raise ValueError(f"parallel files differ in length: {counts}. Every line of one must be the "
@@ -148,9 +156,39 @@ def prepare_translation_corpus(raw_dir: str, out_dir: str, src: str, tgt: str,
     ``{out_dir}/bpe.codes`` and ``{out_dir}/{split}.bpe.{lang}``. ``max_lines`` keeps only the first
     lines of each split (quick experiments). Returns the path of the BPE codes.
 
-    The settings and every raw file are checked before anything is written (ValueError naming the
-    option or ``file:line``); each output is written atomically, so an error leaves no partial file.
+    The settings and every raw file (present, aligned, not empty) are checked before anything is written
+    (ValueError naming the option or ``file:line``). The outputs are made in a temporary folder and replace
+    those of ``out_dir`` only once all are complete: an error leaves ``out_dir`` as it was.
     """
+    check_translation_settings(splits, src, tgt, bpe_merges, max_lines)
+    raw = {(split, lang): os.path.join(raw_dir, f"{split}.{lang}") for split in splits for lang in (src, tgt)}
+    missing = [path for path in raw.values() if not os.path.isfile(path)]
+    if missing:
+        raise ValueError(f"no raw file {', '.join(missing)}: --raw-dir needs {{split}}.{{lang}} for every split "
+                         f"({', '.join(splits)}) and both languages ({src}, {tgt})")
+    for split in splits:
+        check_parallel(raw[split, src], raw[split, tgt])
+    with atomic_directory_update(out_dir) as staging:
+        for split in splits:
+            pair = [raw[split, lang] for lang in (src, tgt)]
+            for path, lang in zip(pair, (src, tgt)):
+                moses_tokenize_file(path, os.path.join(staging, f"{split}.tok.{lang}"), lang, max_lines=max_lines)
+            check_tokenized(pair, [os.path.join(staging, f"{split}.tok.{lang}") for lang in (src, tgt)])
+        codes = os.path.join(staging, "bpe.codes")
+        if learn_bpe([os.path.join(staging, f"train.tok.{lang}") for lang in (src, tgt)], codes, bpe_merges) == 0:
+            raise ValueError(f"no BPE merge learned from the tokenized {raw['train', src]} and {raw['train', tgt]}: "
+                             "no pair of symbols occurs twice; the training text is too small")
+        for split in splits:
+            for lang in (src, tgt):
+                apply_bpe_file(codes, os.path.join(staging, f"{split}.tok.{lang}"),
+                               os.path.join(staging, f"{split}.bpe.{lang}"))
+    logger.info("prepared %s-%s splits %s in %s", src, tgt, ", ".join(splits), out_dir)
+    return os.path.join(out_dir, "bpe.codes")
+
+
+def check_translation_settings(splits: Sequence[str], src: str, tgt: str, bpe_merges: int,
+                               max_lines: Optional[int]) -> None:
+    """The settings of :func:`prepare_translation_corpus`; ValueError naming the option otherwise."""
     if bpe_merges < 1:
         raise ValueError(f"bpe_merges (--bpe-merges) must be at least 1, got {bpe_merges}")
     if max_lines is not None and max_lines < 1:
@@ -160,28 +198,13 @@ def prepare_translation_corpus(raw_dir: str, out_dir: str, src: str, tgt: str,
     if len(set(splits)) != len(splits) or src == tgt:
         raise ValueError(f"splits {list(splits)} and languages {src!r}, {tgt!r} must all differ: the outputs "
                          "of one would overwrite the other's")
-    missing = [path for split in splits for lang in (src, tgt)
-               if not os.path.isfile(path := os.path.join(raw_dir, f"{split}.{lang}"))]
-    if missing:
-        raise ValueError(f"no raw file {', '.join(missing)}: --raw-dir needs {{split}}.{{lang}} for every split "
-                         f"({', '.join(splits)}) and both languages ({src}, {tgt})")
-    for split in splits:
-        check_parallel(*(os.path.join(raw_dir, f"{split}.{lang}") for lang in (src, tgt)))
-    os.makedirs(out_dir, exist_ok=True)
-    for split in splits:
-        for lang in (src, tgt):
-            moses_tokenize_file(os.path.join(raw_dir, f"{split}.{lang}"),
-                                os.path.join(out_dir, f"{split}.tok.{lang}"), lang, max_lines=max_lines)
-        check_parallel(*(os.path.join(out_dir, f"{split}.tok.{lang}") for lang in (src, tgt)))
-    codes_path = os.path.join(out_dir, "bpe.codes")
-    train_tok = [os.path.join(out_dir, f"train.tok.{lang}") for lang in (src, tgt)]
-    if learn_bpe(train_tok, codes_path, bpe_merges) == 0:
-        os.remove(codes_path)  # subword-nmt cannot apply codes without merges
-        raise ValueError(f"no BPE merge learned from {' and '.join(train_tok)}: no pair of symbols occurs "
-                         "twice; the training text is too small")
-    for split in splits:
-        for lang in (src, tgt):
-            apply_bpe_file(codes_path, os.path.join(out_dir, f"{split}.tok.{lang}"),
-                           os.path.join(out_dir, f"{split}.bpe.{lang}"))
-    logger.info("prepared %s-%s splits %s in %s", src, tgt, ", ".join(splits), out_dir)
-    return codes_path
+
+
+def check_tokenized(raw_pair: Sequence[str], tok_pair: Sequence[str]) -> None:
+    """A raw line that Moses tokenization empties (it held only control characters) would misalign the pair:
+    ValueError naming the raw ``file:line``."""
+    for raw_path, tok_path in zip(raw_pair, tok_pair):
+        number = first_empty_line(tok_path)
+        if number is not None:
+            raise ValueError(f"{raw_path}:{number}: nothing is left of the line after Moses tokenization (it holds "
+                             f"only control characters); remove line {number} from both {' and '.join(raw_pair)}")

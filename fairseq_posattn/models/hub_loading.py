@@ -1,6 +1,11 @@
-"""``from_pretrained`` of every model family, through :mod:`fairseq_posattn.hub` (docs/hub.md)."""
+"""What every model family of the plugin shares: ``from_pretrained`` through :mod:`fairseq_posattn.hub`
+(docs/hub.md), and the check that a data directory is the checkpoint's own
+(:mod:`fairseq_posattn.data.fingerprint`)."""
 
-from typing import Dict
+import functools
+from typing import Any, Callable, Dict
+
+from fairseq_posattn.data.fingerprint import check_data_fingerprint
 
 
 class PosattnHubMixin:
@@ -8,7 +13,20 @@ class PosattnHubMixin:
     family (fairseq's ``translate`` / ``sample`` / ``generate``; ``score`` / ``perplexity`` as
     fairseq-eval-lm scores; ``tag`` as posattn-tag tags; ``predict`` / ``probabilities`` of a sentence
     classifier). There are no published checkpoints, so
-    ``hub_models`` is empty: the names fairseq's own architectures list would load fairseq's models."""
+    ``hub_models`` is empty: the names fairseq's own architectures list would load fairseq's models.
+
+    Every ``build_model`` a subclass defines first calls
+    :func:`~fairseq_posattn.data.fingerprint.check_data_fingerprint` on its task: it records the task's
+    dictionaries when a model is built for training and, when fairseq loads a checkpoint (it restores
+    the checkpoint's task state before it builds the model), refuses a data directory whose
+    dictionaries are not the ones the model was trained with. ``build_model`` is the one call of ours
+    that every task makes, fairseq's own included, and so every tool that loads a checkpoint.
+    """
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "build_model" in vars(cls):
+            cls.build_model = classmethod(_checking_data_fingerprint(vars(cls)["build_model"].__func__))
 
     @classmethod
     def hub_models(cls) -> Dict[str, str]:
@@ -21,3 +39,12 @@ class PosattnHubMixin:
 
         return hub.from_pretrained(model_name_or_path, checkpoint_file, data_name_or_path,
                                    archive_map=cls.hub_models(), **kwargs)
+
+
+def _checking_data_fingerprint(build_model: Callable) -> Callable:
+    """``build_model(cls, args, task)`` that checks (or records) the task's data fingerprint first."""
+    @functools.wraps(build_model)
+    def checked(cls, args: Any, task: Any):
+        check_data_fingerprint(task)
+        return build_model(cls, args, task)
+    return checked

@@ -6,11 +6,14 @@ multiword-token lines (IDs like ``3-4``) only group surface tokens, so they are 
 syntactic words inside the range are used; empty nodes (IDs like ``5.1``) belong to the enhanced
 graph and are skipped too. Comment lines (``#``) are allowed; a whitespace-only line ends a sentence
 like an empty one. Anything malformed raises ``ValueError`` starting with ``file:line`` and saying
-what to fix; so does a file that is not UTF-8. Files ending in ``.gz`` are read through gzip.
+what to fix; so does a file that is not UTF-8, a carriage return inside a line, and a ``.gz`` file that
+is truncated or not gzip-compressed. Files ending in ``.gz`` are read through gzip.
 """
 
+import contextlib
 import gzip
 import re
+import zlib
 from typing import IO, Iterable, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
 from fairseq_posattn.atomic_io import atomic_write, named_decode_errors
@@ -43,10 +46,10 @@ def read_conllu(path: str) -> Iterator[ConlluSentence]:
 
 def iter_blocks(path: str) -> Iterator[List[Tuple[int, str]]]:
     """Yield the blank-line separated blocks of a CoNLL-U file as ``(line number, line)`` lists."""
-    with open_text(path) as lines, named_decode_errors(path, lambda: _open_binary(path)):
+    with _reading(path) as lines:
         block: List[Tuple[int, str]] = []
         for number, line in enumerate(lines, start=1):
-            line = line.rstrip("\r\n")
+            line = _without_line_end(path, number, line)
             if line.strip():
                 block.append((number, line))
             elif block:
@@ -59,13 +62,46 @@ def iter_blocks(path: str) -> Iterator[List[Tuple[int, str]]]:
 def count_sentences(path: str) -> int:
     """Number of sentences (blocks with at least one token line) of a CoNLL-U file, without parsing them."""
     count, in_sentence = 0, False
-    with open_text(path) as lines, named_decode_errors(path, lambda: _open_binary(path)):
-        for line in lines:
+    with _reading(path) as lines:
+        for number, line in enumerate(lines, start=1):
+            line = _without_line_end(path, number, line)
             if not line.strip():
                 in_sentence = False
             elif not in_sentence and not line.startswith("#"):
                 count, in_sentence = count + 1, True
     return count
+
+
+@contextlib.contextmanager
+def _reading(path: str) -> Iterator[IO[str]]:
+    """The lines of ``path``, with undecodable bytes and a broken ``.gz`` file reported as ValueError."""
+    with _named_gzip_errors(path), open_text(path) as lines, named_decode_errors(path, lambda: _open_binary(path)):
+        yield lines
+
+
+@contextlib.contextmanager
+def _named_gzip_errors(path: str) -> Iterator[None]:
+    """Within the block, gzip's bare ``EOFError`` (a truncated ``.gz`` file) and ``BadGzipFile`` (not gzip)
+    become ValueError naming ``path``."""
+    try:
+        yield
+    except EOFError:
+        raise ValueError(f"{path}: the gzip file ends early (truncated, e.g. by an interrupted download or copy); "
+                         f"`gzip -t {path}` confirms it: get or compress the file again") from None
+    except (gzip.BadGzipFile, zlib.error) as e:
+        raise ValueError(f"{path}: not a valid gzip file ({e}); a file ending in .gz must be gzip-compressed "
+                         f"CoNLL-U: compress it with gzip, or drop the .gz from its name if it is plain text") from None
+
+
+def _without_line_end(path: str, number: int, line: str) -> str:
+    """``line`` without its ``\\n`` or ``\\r\\n``; a carriage return inside it is an error naming ``path:number``."""
+    line = line.rstrip("\n")
+    line = line[:-1] if line.endswith("\r") else line
+    if "\r" in line:
+        column = line.index("\r") + 1
+        raise ValueError(f"{path}:{number}: carriage return (\\r) inside the line, at column {column}: it would "
+                         f"break the line there; replace it by a space, e.g. `sed -i 's/\\r$//; s/\\r/ /g' {path}`")
+    return line
 
 
 def split_columns(path: str, number: int, line: str) -> List[str]:
@@ -125,9 +161,11 @@ def format_sentence(words: Sequence[str], heads: Sequence[int], deprels: Sequenc
 
 
 def open_text(path: str) -> IO[str]:
+    """``path`` (gzip-compressed if it ends in ``.gz``) as UTF-8 text, lines split at ``\\n`` only; a byte order
+    mark at the start is dropped."""
     if path.endswith(".gz"):
-        return gzip.open(path, "rt", encoding="utf-8-sig")
-    return open(path, encoding="utf-8-sig")
+        return gzip.open(path, "rt", encoding="utf-8-sig", newline="\n")
+    return open(path, encoding="utf-8-sig", newline="\n")
 
 
 def _open_binary(path: str) -> IO[bytes]:

