@@ -3,7 +3,9 @@
 import os
 import subprocess
 import sys
-from typing import Dict, List
+from typing import Callable, Dict, List
+
+import pytest
 
 from fairseq_posattn.data.text_pipeline import prepare_translation_corpus
 from model_helpers import REPO
@@ -51,3 +53,19 @@ def hypotheses(generate_output: str) -> Dict[int, str]:
             ident, _score, text = line.split("\t")
             found[int(ident[2:])] = text
     return found
+
+
+def error_line(result: subprocess.CompletedProcess, name: str) -> str:
+    """The single ``NAME: error: ...`` line of a failed command, which printed no traceback."""
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    lines = [line for line in result.stderr.splitlines() if line.startswith(f"{name}: error: ")]
+    assert len(lines) == 1, result.stderr[-3000:]
+    return lines[0]
+
+
+def main_error(main: Callable, *args) -> str:
+    """The message with which a console script's ``main``, called in this process, exits unsuccessfully."""
+    with pytest.raises(SystemExit) as exit_info:
+        main([str(arg) for arg in args])
+    assert exit_info.value.code not in (0, None)
+    return str(exit_info.value.code)

@@ -14,11 +14,11 @@ import signal
 import subprocess
 import time
 from pathlib import Path
-from typing import Callable, List, Tuple
+from typing import List, Tuple
 
 import pytest
 
-from cli_helpers import BIN, SAMPLE
+from cli_helpers import BIN, SAMPLE, error_line, main_error
 from fairseq_posattn.atomic_io import TERMINATED_EXIT_STATUS, read_lines, remove_stale_temporaries
 from fairseq_posattn.cli import (INTERRUPTED_EXIT_STATUS, compare, prepare_structure, prepare_tagging,
                                  prepare_translation, score, tag)
@@ -42,22 +42,6 @@ def tool(name: str, *args, rc: int = 0) -> subprocess.CompletedProcess:
     assert result.returncode == rc, (f"{name} exited {result.returncode}, expected {rc}:\n"
                                      f"{result.stdout[-2000:]}\n{result.stderr[-4000:]}")
     return result
-
-
-def error_line(result: subprocess.CompletedProcess, name: str) -> str:
-    """The single ``NAME: error: ...`` line of a failed command, which printed no traceback."""
-    assert "Traceback" not in result.stderr, result.stderr[-3000:]
-    lines = [line for line in result.stderr.splitlines() if line.startswith(f"{name}: error: ")]
-    assert len(lines) == 1, result.stderr[-3000:]
-    return lines[0]
-
-
-def main_error(main: Callable, *args) -> str:
-    """The message with which a console script's ``main``, called in this process, exits unsuccessfully."""
-    with pytest.raises(SystemExit) as exit_info:
-        main([str(arg) for arg in args])
-    assert exit_info.value.code not in (0, None)
-    return str(exit_info.value.code)
 
 
 def listing(directory: Path) -> List[str]:

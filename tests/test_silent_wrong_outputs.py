@@ -20,7 +20,7 @@ from typing import Dict, List, Optional
 
 import pytest
 
-from cli_helpers import BIN, SAMPLE
+from cli_helpers import BIN, SAMPLE, error_line, main_error
 from fairseq_posattn.cli import compare, parse, prepare_translation, score
 from fairseq_posattn.data.generate_output import same_sentence
 from fairseq_posattn.data.text_pipeline import moses_tokenizer, prepare_translation_corpus
@@ -41,22 +41,6 @@ def command(name: str, *args, rc: int) -> subprocess.CompletedProcess:
     assert result.returncode == rc, (f"{name} exited {result.returncode}, expected {rc}:\n"
                                      f"{result.stdout[-2000:]}\n{result.stderr[-4000:]}")
     return result
-
-
-def error_line(result: subprocess.CompletedProcess, name: str) -> str:
-    """The single ``NAME: error: ...`` line of a failed command, which printed no traceback."""
-    assert "Traceback" not in result.stderr, result.stderr[-3000:]
-    lines = [line for line in result.stderr.splitlines() if line.startswith(f"{name}: error: ")]
-    assert len(lines) == 1, result.stderr[-3000:]
-    return lines[0]
-
-
-def main_error(main, *args) -> str:
-    """The message with which a console script's ``main``, called in this process, exits unsuccessfully."""
-    with pytest.raises(SystemExit) as exit_info:
-        main([str(arg) for arg in args])
-    assert exit_info.value.code not in (0, None)
-    return str(exit_info.value.code)
 
 
 def snapshot(directory: Path) -> Dict[str, bytes]:

@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from cli_helpers import hypotheses, run, run_failing
+from cli_helpers import error_line, hypotheses, run, run_failing
 from model_helpers import REPO, USER_DIR
 
 pytestmark = pytest.mark.slow
@@ -114,14 +114,6 @@ def eval_lm(data_bin: str, checkpoint: str, extra: list, runner=run):
                                       "--max-tokens", "4000", "--cpu", "--num-workers", "0", *extra])
 
 
-def one_line_refusal(result) -> str:
-    """The refusal's one line (no traceback), as every plugin refusal in fairseq's commands."""
-    assert "Traceback" not in result.stderr, result.stderr[-3000:]
-    errors = [line for line in result.stderr.splitlines() if ": error: " in line]
-    assert len(errors) == 1 and errors[0].startswith("fairseq-eval-lm: error: "), result.stderr[-3000:]
-    return errors[0]
-
-
 @pytest.fixture(scope="module")
 def short_block_checkpoint(data_bin, tmp_path_factory):
     """Sinusoidal positions and ALiBi trained on blocks of 16 tokens: no parameter is tied to a length."""
@@ -136,7 +128,7 @@ def test_eval_lm_beyond_the_training_length_names_the_override_then_scores_every
     """fairseq alone would skip every block of 64 (longer than the model's 16 positions) and print
     "Perplexity: 1.00" over 0 tokens; the plugin refuses, naming the override, which then scores all."""
     blocks = ["--sample-break-mode", "none", "--tokens-per-sample", "64"]
-    line = one_line_refusal(eval_lm(data_bin, short_block_checkpoint, blocks, runner=run_failing))
+    line = error_line(eval_lm(data_bin, short_block_checkpoint, blocks, runner=run_failing), "fairseq-eval-lm")
     assert "would skip" in line and "16 positions" in line and "'max_target_positions': 64" in line
     override = ["--model-overrides", "{'max_target_positions': 64}"]
     for window in ([], ["--context-window", "32"]):
@@ -151,15 +143,15 @@ def test_eval_lm_beyond_the_training_length_names_the_override_then_scores_every
 def test_eval_lm_of_a_model_tied_to_its_positions_says_it_cannot_read_longer_blocks(data_bin, checkpoint):
     """The direct absolute matrix is learned for t = 64 positions: no override can help; the message
     says which lengths work (an eval-time --max-target-positions would only fail to load the matrix)."""
-    line = one_line_refusal(eval_lm(data_bin, checkpoint, ["--sample-break-mode", "none", "--tokens-per-sample",
-                                                           "128"], runner=run_failing))
+    line = error_line(eval_lm(data_bin, checkpoint, ["--sample-break-mode", "none", "--tokens-per-sample",
+                                                           "128"], runner=run_failing), "fairseq-eval-lm")
     assert "--tokens-per-sample 64 or less" in line, line
 
 
 def test_an_override_beyond_the_learned_positions_is_refused_in_one_line(data_bin, checkpoint):
     """Raising a tied model's limit at evaluation time would only give PyTorch's "size mismatch" while
     loading A^p: the plugin names the term and its learned limit instead."""
-    line = one_line_refusal(eval_lm(data_bin, checkpoint, [
+    line = error_line(eval_lm(data_bin, checkpoint, [
         "--sample-break-mode", "none", "--tokens-per-sample", "128",
-        "--model-overrides", "{'max_target_positions': 128}"], runner=run_failing))
+        "--model-overrides", "{'max_target_positions': 128}"], runner=run_failing), "fairseq-eval-lm")
     assert "learned for 64 positions" in line and "at most 64 tokens" in line, line

@@ -131,7 +131,8 @@ fi
 DROPOUT_FLAGS=()
 [ -n "$DROPOUT" ] && DROPOUT_FLAGS=(--dropout "$DROPOUT")
 
-COMMON_DATA="--task language_modeling --user-dir $USER_DIR --sample-break-mode $BREAK_MODE --tokens-per-sample $TOKENS_PER_SAMPLE --max-target-positions $MAX_TARGET_POSITIONS"
+COMMON_DATA=(--task language_modeling --user-dir "$USER_DIR" --sample-break-mode "$BREAK_MODE"
+             --tokens-per-sample "$TOKENS_PER_SAMPLE" --max-target-positions "$MAX_TARGET_POSITIONS")
 
 export OMP_NUM_THREADS=$THREADS MKL_NUM_THREADS=$THREADS
 train_and_eval() {
@@ -141,8 +142,8 @@ train_and_eval() {
     # a finished training is not run again (fairseq-train would make one more update); an
     # interrupted one resumes from its checkpoint_last.pt
     if ! grep -q "done training" "$OUT/logs/train.$name.log" 2>/dev/null; then
-        # shellcheck disable=SC2046,SC2206  # COMMON_DATA and the model's flags are word lists
-        local train=(fairseq-train "$DATA" $COMMON_DATA $(model_flags "$name") "${DROPOUT_FLAGS[@]}" "${OPTIM_FLAGS[@]}"
+        # shellcheck disable=SC2046,SC2206  # the model's flags are a word list
+        local train=(fairseq-train "$DATA" "${COMMON_DATA[@]}" $(model_flags "$name") "${DROPOUT_FLAGS[@]}" "${OPTIM_FLAGS[@]}"
                      --batch-size "$SIZE_PER_DEVICE" --update-freq "$UPDATE_FREQ_PER_DEVICE" --required-batch-size-multiple 1
                      "${STOP_FLAGS[@]}" "${PRECISION_FLAGS[@]}"
                      "${VALID_FLAGS[@]}" --no-epoch-checkpoints --save-dir "$ckdir" --seed "$SEED" --num-workers 0
