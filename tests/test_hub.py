@@ -15,7 +15,7 @@ from typing import Dict, List
 import pytest
 import torch
 
-from cli_helpers import SAMPLE, binarize, prepare_sample, run
+from cli_helpers import SAMPLE, binarize, error_line, prepare_sample, run, run_failing
 from fairseq_posattn.cli import parse as parse_cli
 from fairseq_posattn.cli import prepare_structure as structure_cli
 from fairseq_posattn.data.tagged_corpus import read_tagged_conllu
@@ -24,7 +24,7 @@ from fairseq_posattn.structure.parse_pipeline import parse_corpus
 from model_helpers import REPO, USER_DIR
 from test_pos_tagging import EWT_DEV, EWT_TRAIN
 from test_transformer_lm_cli import DATA as LM_DATA
-from test_transformer_lm_cli import PTB
+from test_transformer_lm_cli import PTB, count_tokens
 from test_transformer_lm_cli import checkpoint, data_bin  # noqa: F401  (fixtures: PTB binarized, a transformer LM)
 
 pytestmark = pytest.mark.slow
@@ -271,3 +271,18 @@ def test_hub_tags_as_posattn_tag(tagger, hub_outputs):
     assert hub["tags"] == from_cli
     assert hub["from_strings"] == from_cli[:5] and hub["one"] == from_cli[0]
     assert len({tag for tags in from_cli for tag in tags}) > 1
+
+
+def test_eval_lm_of_an_lstm_lm_at_evals_default_block_size_refuses_then_scores_every_token(data_bin, lstm_lm):  # noqa: F811
+    """The positional attentive LSTM trained with 64 positions, evaluated at fairseq-eval-lm's default
+    blocks of 1,024 tokens: fairseq alone scores 0 tokens and prints "Perplexity: 1.00"; the plugin
+    refuses naming the override, which then scores every token (no parameter of the LSTM is tied to a length)."""
+    common = [data_bin, "--user-dir", USER_DIR, "--path", lstm_lm, "--gen-subset", "test", "--max-tokens", "4000",
+              "--cpu", "--num-workers", "0"]
+    line = error_line(run_failing("fairseq-eval-lm", common), "fairseq-eval-lm")
+    assert "would skip" in line and "64 positions" in line and "'max_target_positions': " in line, line
+    output = run("fairseq-eval-lm", [*common, "--model-overrides", "{'max_target_positions': 1024}"])
+    output = output.stdout + output.stderr
+    scored = int(re.search(r"Evaluated ([0-9,]+) tokens", output).group(1).replace(",", ""))
+    assert scored == count_tokens(f"{PTB}/test.txt"), output[-2000:]
+    assert math.isfinite(float(re.search(r"Perplexity: (\S+)", output).group(1)))
