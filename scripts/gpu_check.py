@@ -773,7 +773,8 @@ def long_lm_step(ctx: Context) -> List[Row]:
     except CommandError as error:
         if not output.exists():
             return [Row("long LM blocks", device, " ".join(args), "FAILED", str(error))]
-    rows = benchmark_rows(output.read_text(encoding="utf-8"), device)
+    rows = [Row(f"long LM blocks, {row.check}", row.device, row.setting, row.result, row.numbers)
+            for row in benchmark_rows(output.read_text(encoding="utf-8"), device)]
     return rows or [Row("long LM blocks", device, "", "FAILED", f"no table in {output}")]
 
 
