@@ -92,14 +92,14 @@ def test_report_numbers_come_from_the_runs_logs(tiny_run):
     assert completed.returncode == 0, completed.stderr[-3000:]
     results = json.loads((output / "results.json").read_text())
     assert results["mode"] == "tiny" and results["device"]["kind"] == "cpu"
-    rows = {(row["check"], row["device"]): row for row in results["rows"]}
+    rows = {(row["check"], row["device"], row["setting"]): row for row in results["rows"]}
     assert len(rows) == len(table_rows((output / "report.md").read_text()))
     for family, check in (("structural", "train Structural PE (Wang et al.)"),
                           ("poslstm", "train Positional attentive LSTM LM (Dagan)")):
         name = next(name for name in results["valid_loss"] if name.startswith(family) and "-x" not in name)
         points = read_curve(str(output / "logs" / "train" / f"{name}.log"), metric="loss").points
         assert [tuple(point) for point in results["valid_loss"][name]] == points and len(points) >= 2
-        numbers = rows[(check, "cpu")]["numbers"]
+        numbers, = [row["numbers"] for (name, device, _), row in rows.items() if (name, device) == (check, "cpu")]
         trend = f"valid loss {points[0][1]:.2f} -> {points[-1][1]:.2f} ({int(points[-1][0])} updates)"
         assert numbers.startswith(trend), numbers
         assert (output / f"loss-{family}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
