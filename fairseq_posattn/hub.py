@@ -7,7 +7,9 @@ directory + keyword overrides), the interface depends on the checkpoint's task:
   :class:`~fairseq.hub_utils.GeneratorHubInterface` (``translate``, ``sample``, ``generate``); a
   structural model parses its sources inside the task's inference path, as fairseq-interactive does.
 - language models (``language_modeling``): :class:`LanguageModelHubInterface`, fairseq's interface
-  whose ``score`` and ``perplexity`` score a sentence as ``fairseq-eval-lm --sample-break-mode eos`` does.
+  whose ``score`` and ``perplexity`` score a sentence as ``fairseq-eval-lm --sample-break-mode eos`` does,
+  or the sentences as one stream of blocks with a context window, as ``--sample-break-mode none
+  --tokens-per-sample L --context-window C`` does (evaluation beyond the training length).
 - the tagger (``pos_tagging``): :class:`TaggerHubInterface`, ``tag`` as ``posattn-tag`` tags.
 - sentence classifiers (``sentence_prediction``): :class:`ClassifierHubInterface`, ``predict`` and
   ``probabilities`` of the labels, as fairseq-validate classifies.
@@ -21,7 +23,7 @@ from typing import Any, Dict, List, Optional, Sequence, Union
 
 import torch
 from fairseq import hub_utils, utils
-from fairseq.data import MonolingualDataset, TokenBlockDataset
+from fairseq.data import LMContextWindowDataset, MonolingualDataset, TokenBlockDataset
 from fairseq.hub_utils import GeneratorHubInterface
 from fairseq.data.data_utils import collate_tokens
 from fairseq.sequence_scorer import SequenceScorer
@@ -30,6 +32,7 @@ from fairseq.tasks.sentence_prediction import SentencePredictionTask
 from torch import nn
 
 from fairseq_posattn.data.fingerprint import DataMismatchError
+from fairseq_posattn.models.evaluation_coverage import check_hub_lengths, model_input_lengths
 from fairseq_posattn.tasks.pos_tagging import PosTaggingTask
 
 #: ``max_tokens`` per batch when the checkpoint's config has neither --max-tokens nor --batch-size
@@ -86,31 +89,56 @@ class LanguageModelHubInterface(GeneratorHubInterface):
     of sentence. :meth:`score` does the latter, so :meth:`perplexity` of some sentences equals the
     ``Perplexity`` fairseq-eval-lm prints for a file of those sentences, one per line, binarized with
     the model's dictionary.
+
+    ``sample_break_mode="none"`` (or ``"complete"``) with ``tokens_per_sample=L`` and ``context_window=C``
+    scores the sentences as fairseq-eval-lm scores such a file with ``--sample-break-mode none
+    --tokens-per-sample L --context-window C``: one stream (each sentence followed by its end of sentence),
+    cut into blocks of ``L - C`` tokens, each read with up to C earlier tokens (C = 0: non-overlapping
+    blocks; C = L - 1: a sliding window). Sequences longer than the model's positions are refused before
+    anything is scored, in one line that says how to load the model for them (``max_target_positions=``)
+    or, for a model whose parameters are tied to its positions, what ties it.
     """
 
-    def score(self, sentences: Union[str, List[str]], **kwargs) -> Union[Dict[str, torch.Tensor],
-                                                                         List[Dict[str, torch.Tensor]]]:
-        """Per sentence (a string: that one's) fairseq's hypothesis dict: ``tokens`` (the words and the
-        end of sentence), ``positional_scores`` (natural log-probabilities of those tokens) and
-        ``score`` (their mean). ``kwargs``: ``max_tokens`` / ``batch_size`` per batch."""
+    def score(self, sentences: Union[str, List[str]], *, sample_break_mode: str = "eos",
+              tokens_per_sample: Optional[int] = None, context_window: int = 0,
+              **kwargs) -> Union[Dict[str, torch.Tensor], List[Dict[str, torch.Tensor]]]:
+        """With ``sample_break_mode="eos"``: per sentence (a string: that one's) fairseq's hypothesis dict,
+        ``tokens`` (the words and the end of sentence), ``positional_scores`` (natural log-probabilities
+        of those tokens) and ``score`` (their mean). Otherwise: one such dict per block of the stream, in
+        order, over the block's scored tokens (not its context). ``kwargs``: ``max_tokens`` / ``batch_size``."""
         if isinstance(sentences, str):
-            return self.score([sentences], **kwargs)[0]
-        return self.score_tokens([self.encode(sentence) for sentence in sentences], **kwargs)
+            scored = self.score([sentences], sample_break_mode=sample_break_mode, tokens_per_sample=tokens_per_sample,
+                                context_window=context_window, **kwargs)
+            return scored[0] if sample_break_mode == "eos" else scored
+        return self.score_tokens([self.encode(sentence) for sentence in sentences], sample_break_mode=sample_break_mode,
+                                 tokens_per_sample=tokens_per_sample, context_window=context_window, **kwargs)
 
     def score_tokens(self, tokenized_sentences: List[torch.LongTensor], max_tokens: Optional[int] = None,
-                     batch_size: Optional[int] = None) -> List[Dict[str, torch.Tensor]]:
+                     batch_size: Optional[int] = None, *, sample_break_mode: str = "eos",
+                     tokens_per_sample: Optional[int] = None, context_window: int = 0
+                     ) -> List[Dict[str, torch.Tensor]]:
         """:meth:`score` of binarized sentences, each ending with the end-of-sentence symbol."""
-        dataset = self._eval_lm_dataset(tokenized_sentences)
+        dataset = self._eval_lm_dataset(tokenized_sentences, sample_break_mode, tokens_per_sample, context_window)
+        max_positions = utils.resolve_max_positions(*[m.max_positions() for m in self.models])
+        limits = [getattr(m, "fixed_position_limit", None) for m in self.models]
+        check_hub_lengths(model_input_lengths(dataset.sizes, context_window), max_positions,
+                          next((limit for limit in limits if limit), None), context_window)
+        if context_window > 0:
+            dataset = LMContextWindowDataset(dataset, tokens_per_sample - context_window, context_window,
+                                             self.task.source_dictionary.pad())
         batches = self.task.get_batch_iterator(
             dataset=dataset,
             max_tokens=max_tokens or self.cfg.dataset.max_tokens or DEFAULT_MAX_TOKENS,
             max_sentences=batch_size or self.cfg.dataset.batch_size,
-            max_positions=utils.resolve_max_positions(*[m.max_positions() for m in self.models]),
+            # the lengths are checked above, with the context window fairseq's check leaves out
+            max_positions=None if context_window > 0 else max_positions,
             ignore_invalid_inputs=False, disable_iterator_cache=True,
         ).next_epoch_itr(shuffle=False)
         scorer = SequenceScorer(self.task.target_dictionary)
-        results: List[Optional[Dict[str, torch.Tensor]]] = [None] * len(tokenized_sentences)
+        results: List[Optional[Dict[str, torch.Tensor]]] = [None] * len(dataset)
         for batch in batches:
+            if "net_input" not in batch:
+                continue
             batch = utils.apply_to_sample(lambda t: t.to(self.device), batch)
             for index, hypos in zip(batch["id"].tolist(), scorer.generate(self.models, batch)):
                 results[index] = self._without_bos(hypos[0])
@@ -118,23 +146,44 @@ class LanguageModelHubInterface(GeneratorHubInterface):
 
     def perplexity(self, sentences: List[str], **kwargs) -> float:
         """2 ** (mean negative log2-probability over every scored token of ``sentences``), skipping
-        infinite scores as fairseq-eval-lm does: its ``Perplexity`` on the same sentences."""
-        scores = torch.cat([hypo["positional_scores"].double().cpu() for hypo in self.score(sentences, **kwargs)])
+        infinite scores as fairseq-eval-lm does: its ``Perplexity`` on the same sentences, with the same
+        ``sample_break_mode``, ``tokens_per_sample`` and ``context_window``."""
+        scored = self.score(sentences, **kwargs)
+        scored = [scored] if isinstance(scored, dict) else scored
+        scores = torch.cat([hypo["positional_scores"].double().cpu() for hypo in scored])
         scores = scores[torch.isfinite(scores)]
         if not len(scores):
             raise ValueError("no token to score: give at least one sentence")
         return 2 ** (-scores.sum().item() / len(scores) / math.log(2))
 
-    def _eval_lm_dataset(self, tokenized_sentences: List[torch.LongTensor]) -> MonolingualDataset:
-        """The dataset fairseq's ``language_modeling`` task builds for fairseq-eval-lm with
-        ``--sample-break-mode eos``: one block per sentence, targets shifted by one."""
+    def _eval_lm_dataset(self, tokenized_sentences: List[torch.LongTensor], sample_break_mode: str = "eos",
+                         tokens_per_sample: Optional[int] = None, context_window: int = 0) -> MonolingualDataset:
+        """The dataset fairseq's ``language_modeling`` task builds for fairseq-eval-lm: with
+        ``sample_break_mode="eos"`` one block per sentence; otherwise blocks of ``tokens_per_sample -
+        context_window`` tokens of the sentences' stream (fairseq-eval-lm subtracts the window too);
+        targets shifted by one."""
+        if sample_break_mode not in ("eos", "none", "complete", "complete_doc"):
+            raise ValueError(f"sample_break_mode must be eos, none, complete or complete_doc, not {sample_break_mode!r}")
+        if context_window < 0:
+            raise ValueError(f"context_window must be 0 or more, got {context_window}")
+        block_size = None
+        if sample_break_mode != "eos":
+            if tokens_per_sample is None:
+                raise ValueError(f"sample_break_mode={sample_break_mode!r} needs tokens_per_sample (the block length)")
+            block_size = tokens_per_sample - context_window
+            if block_size < 1:
+                raise ValueError(f"context_window ({context_window}) must be below tokens_per_sample "
+                                 f"({tokens_per_sample}): fairseq-eval-lm scores blocks of the difference")
+        elif context_window:
+            raise ValueError("the hub scores sentences (sample_break_mode='eos') without earlier sentences as "
+                             "context: context_window needs a block mode, sample_break_mode='none' or 'complete'")
         dictionary = self.task.source_dictionary
-        blocks = TokenBlockDataset(tokenized_sentences, [len(t) for t in tokenized_sentences], block_size=None,
-                                   pad=dictionary.pad(), eos=dictionary.eos(), break_mode="eos",
+        blocks = TokenBlockDataset(tokenized_sentences, [len(t) for t in tokenized_sentences], block_size=block_size,
+                                   pad=dictionary.pad(), eos=dictionary.eos(), break_mode=sample_break_mode,
                                    include_targets=True)
         return MonolingualDataset(blocks, blocks.sizes, dictionary, self.task.target_dictionary,
-                                  add_eos_for_other_targets=True, shuffle=False, targets=self.task.targets,
-                                  add_bos_token=self._add_bos_token)
+                                  add_eos_for_other_targets=sample_break_mode != "none", shuffle=False,
+                                  targets=self.task.targets, add_bos_token=self._add_bos_token)
 
     @property
     def _add_bos_token(self) -> bool:

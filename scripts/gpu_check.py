@@ -147,10 +147,9 @@ class Scale:
     long_lm_args: Tuple[str, ...]
 
 
-#: one variant per kind of term (additive, temperature, 2d and 1d convolution, scaling, relative,
-#: structural), beam search of the structural and DA models
-FULL_BENCHMARK = ("--variants", "san-p-r", "temperature", "conv-2d", "conv-1d", "distance-aware", "shaw",
-                  "t5-bias", "alibi", "rotary", "struct-abs", "struct-both",
+#: the first variant of every registered method (the benchmark derives the set), SAN+P+R, the 1d
+#: convolution and the structural models; beam search of the structural and DA models
+FULL_BENCHMARK = ("--variants", "san-p-r", "each-method", "conv-1d", "struct-abs", "struct-both",
                   "--decode-variants", "struct-both", "distance-aware", "--steps", "10", "--warmup", "3")
 QUICK_BENCHMARK = ("--variants", "san-p-r", "distance-aware", "struct-both", "--decode-variants", "struct-both",
                    "--steps", "5", "--warmup", "2")
@@ -158,13 +157,13 @@ TINY_BENCHMARK = ("--variants", "struct-rel", "--decode-variants", "struct-rel",
                   "--decode-rounds", "1", "--embed-dim", "16", "--ffn-dim", "32", "--heads", "2", "--layers", "1",
                   "--vocab-size", "64", "--max-tokens", "256", "--max-len", "24", "--max-positions", "32",
                   "--decode-length", "4", "--threads", "1")
-#: the long-block step: one variant per kernel path and method family (flex: P+R, T5, DA, keys-only
-#: RPR; SDPA: ALiBi, RoPE; explicit: RPR with values, +Conv2d), compiled flex_attention on CUDA
+#: the long-block step: per method, one language model per set of CUDA kernel paths its variants take
+#: (the benchmark derives the set from the registry: flex for P / R, T5, DA, keys-only RPR; SDPA for
+#: ALiBi, RoPE, the temperature; explicit for RPR with values, +Conv2d), and SAN+P+R
 LONG_LM_SIZES = ("--layers", "6", "--embed-dim", "512", "--ffn-dim", "2048", "--heads", "8", "--precision", "bf16",
                  "--lm-block-tokens", "16384", "--decode-variants", "--vocab-size", "8000")
 FULL_LONG_LM = (*LONG_LM_SIZES, "--lm-block-lengths", "512", "1024", "2048", "4096", "--steps", "5", "--warmup", "3",
-                "--variants", "lm-san-p-r", "lm-t5-bias", "lm-distance-aware", "lm-shaw-keys-only", "lm-alibi",
-                "lm-rotary", "lm-shaw", "lm-conv-2d")
+                "--variants", "lm-san-p-r", "lm-each-kernel-path")
 QUICK_LONG_LM = (*LONG_LM_SIZES, "--lm-block-lengths", "1024", "4096", "--steps", "3", "--warmup", "2",
                  "--variants", "lm-t5-bias", "lm-distance-aware", "lm-shaw-keys-only")
 TINY_LONG_LM = ("--lm-block-lengths", "16", "32", "--lm-block-tokens", "64", "--decode-variants", "--steps", "1",

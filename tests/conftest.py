@@ -8,6 +8,11 @@ sys.path.insert(0, os.path.dirname(__file__))  # tests' own helpers (reference_a
 
 import fairseq_posattn  # noqa: E402,F401  (registers the architectures, applies the shims)
 
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):  # `make test`: the cores shared among the workers
+    _threads = max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))
+    torch.set_num_threads(_threads)
+    os.environ.setdefault("OMP_NUM_THREADS", str(_threads))  # the fairseq commands that tests start
+
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(

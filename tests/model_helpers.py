@@ -7,7 +7,7 @@ from fairseq.data import Dictionary
 
 from fairseq_posattn.models import building
 from fairseq_posattn.modules.attention import PositionAwareMultiheadAttention
-from fairseq_posattn.modules.position_terms.registry import all_variants, variant_flags
+from fairseq_posattn.modules.position_terms.registry import all_variants, combined_options, variant_flags
 from reference_attention import randomize_
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -50,10 +50,8 @@ def build_lm(arch: str, extra: List[str]):
     return build_model(arch, extra, tiny=TINY_LM)
 
 
-#: everything but the 1d convolution (one post-softmax term per layer) at once
-COMBINED = {"direct_position": "both", "learnable_temperature": True, "conv_attention": "2d",
-            "distance_aware": True, "relative_positions": 2, "t5_relative_bias": 8, "t5_max_distance": 16,
-            "alibi": True, "rotary": True}
+#: every method at once, as each declares itself in the all-at-once model (``PositionMethod.combined``)
+COMBINED = combined_options()
 #: every registered method's variants (the registry's), and all methods at once
 SIDE_VARIANTS: Dict[str, Mapping[str, Any]] = {**all_variants(), "combined": COMBINED}
 
@@ -71,4 +69,6 @@ def randomized(model):
             for name, term in module.named_children():
                 if name not in ("q_proj", "k_proj", "v_proj", "out_proj", "dropout_module"):
                     randomize_(term, seed=len(name))
+        for shared in getattr(module, "position_shared", {}).values():  # a side's modules (T5's table)
+            randomize_(shared, seed=1)
     return model.eval()

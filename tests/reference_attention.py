@@ -5,12 +5,15 @@ real tokens of one sentence only, so agreeing with it also shows that padding ch
 """
 
 import math
-from typing import Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
 from torch import Tensor
 
 from fairseq_posattn.modules.attention import PositionAwareMultiheadAttention
+from fairseq_posattn.modules.position_terms.alibi import LinearDistanceBias
+from fairseq_posattn.modules.position_terms.direct import DirectAbsolutePositionBias, DirectRelativePositionBias
+from fairseq_posattn.modules.position_terms.t5_bias import T5RelativeBias
 
 
 def _f_distance(x: float, v: float) -> float:
@@ -33,15 +36,36 @@ def _t5_bucket(distance: int, buckets: int, max_distance: int, bidirectional: bo
     return offset + min(grown, buckets - 1)
 
 
+def _t5(term, h: int, i: int, j: int, causal: bool) -> float:
+    return float(term.table[_t5_bucket(i - j, term.num_buckets, term.max_distance, term.bidirectional), h])
+
+
+def _alibi(term, h: int, i: int, j: int, causal: bool) -> float:
+    return -float(term.slopes[h]) * ((i - j) if causal else abs(i - j))
+
+
+def _direct_absolute(term, h: int, i: int, j: int, causal: bool) -> float:
+    return float(term.weight[h, i, j])  # A^p
+
+
+def _direct_relative(term, h: int, i: int, j: int, causal: bool) -> float:
+    return float(term.weight[h, i - j + term.max_positions - 1])  # a^r
+
+
+#: the additive terms' biases for head h, query i, key j (token positions of one sentence), by class
+#: of term; a new additive method adds its own, written from its paper, not from its code
+REFERENCE_BIASES: Dict[type, Callable[[Any, int, int, int, bool], float]] = {
+    T5RelativeBias: _t5, LinearDistanceBias: _alibi,
+    DirectAbsolutePositionBias: _direct_absolute, DirectRelativePositionBias: _direct_relative,
+}
+
+
 def _additive(term, h: int, i: int, j: int, causal: bool) -> float:
-    """One additive term's bias for head h, query i, key j (token positions of one sentence)."""
-    if hasattr(term, "table"):  # T5
-        return float(term.table[_t5_bucket(i - j, term.num_buckets, term.max_distance, term.bidirectional), h])
-    if hasattr(term, "slopes"):  # ALiBi
-        return -float(term.slopes[h]) * ((i - j) if causal else abs(i - j))
-    if term.weight.dim() == 3:  # A^p, absolute
-        return float(term.weight[h, i, j])
-    return float(term.weight[h, i - j + term.max_positions - 1])  # a^r, relative
+    """One additive term's bias (:data:`REFERENCE_BIASES`)."""
+    if type(term) not in REFERENCE_BIASES:
+        raise LookupError(f"no independent reference for {type(term).__name__}: add one to REFERENCE_BIASES "
+                          "in tests/reference_attention.py")
+    return REFERENCE_BIASES[type(term)](term, h, i, j, causal)
 
 
 def _rotated(vector: Tensor, position: int) -> Tensor:

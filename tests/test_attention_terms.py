@@ -35,6 +35,8 @@ def build_attention(variant: dict, causal: bool, seed: int = 0) -> PositionAware
     options.validate()
     attn = PositionAwareMultiheadAttention(E, H, options.build_terms(0, H, E // H)).double()
     randomize_(attn, seed)
+    for shared in options.shared.values():  # what the side would own (T5's table), random and double too
+        randomize_(shared.double(), seed + 1)
     return attn.eval()
 
 

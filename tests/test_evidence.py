@@ -1,5 +1,7 @@
 """examples/evidence: the plan of the evidence runs (every system of the four comparisons x seeds, each the
-existing recipe with its budget), the verdict rule and the tagging bootstrap, and, on the shipped PTB
+existing recipe with its budget; the PTB LSTMs at the short budget as recorded and at the authors' budget, with
+its script and claims), the verdict rule and the tagging bootstrap, the trainings' progress reports, and, on the
+shipped PTB
 sample, a tiny set of runs interrupted by SIGTERM and resumed without redoing its finished runs, their
 records (a fresh output folder, as on another machine, redoes nothing), then the results page generated
 from the records alone; and a raised budget, which trains a recorded run on from its last checkpoint
@@ -45,16 +47,18 @@ def test_the_plan_has_every_system_of_the_issue_with_its_seeds_and_budget(tmp_pa
     assert {s for _, s, _ in by_task["translation"]} == {"1", "2", "3", "4", "5", "6", "7", "9",
                                                         "da", "rpr", "pr", "conv2d", "temp"}
     assert {s for _, s, _ in by_task["lm"]} == {"lstm_lm", "attentive_lstm_lm", "positional_attentive_lstm_lm",
-                                               "tf_vanilla", "tf_da", "tf_shaw16", "tf_direct_both", "tf_conv2d"}
+                                               "tf_vanilla", "tf_da", "tf_shaw16", "tf_direct_both", "tf_conv2d",
+                                               "lstm_lm_authors", "attentive_lstm_lm_authors",
+                                               "positional_attentive_lstm_lm_authors"}
     assert {s for _, s, _ in by_task["tagging"]} == {"pe_add", "p_r", "temp", "conv", "conv2d", "pe_con", "san",
                                                     "p_r_zero", "conv_pt", "conv2d_pt"}  # + our earlier inits
     assert {s for _, s, _ in by_task["classification"]} == {"vanilla", "shaw", "da", "nopos"}
     seeds = {task: sorted({seed for _, _, seed in runs_}) for task, runs_ in by_task.items()}
     assert seeds == {"translation": [1, 2, 3], "lm": [1, 2], "tagging": [1, 2, 3], "classification": [1, 2, 3, 4, 5]}
-    assert len(by_task["translation"]) == 13 * 3 and len(by_task["lm"]) == 8 * 2
+    assert len(by_task["translation"]) == 13 * 3 and len(by_task["lm"]) == 11 * 2
     assert len(by_task["tagging"]) == 10 * 2 * 3 and len(by_task["classification"]) == 4 * 5
     assert len({run.out_dir for run in runs}) == len(runs)  # every run in its own folder
-    assert len({run.id for run in runs}) == len(runs) == 1 + 39 + 16 + 60 + 20
+    assert len({run.id for run in runs}) == len(runs) == 1 + 39 + 22 + 60 + 20
     # the same budget for all the systems of a task, passed to the recipe
     for run in runs:
         assert run.out_dir.is_relative_to(tmp_path) and f"bash {run.recipe}" in run.shell()
@@ -62,10 +66,11 @@ def test_the_plan_has_every_system_of_the_issue_with_its_seeds_and_budget(tmp_pa
             assert run.env["MAX_UPDATE"] == "1500" and run.env["SEED"] == str(run.seed)
             assert run.depends_on == "translation/data" and run.env["GEN_SUBSETS"] == "valid test"
         if run.task == "lm":
-            # the transformers: about the LSTMs' wall time
-            assert run.env["MAX_EPOCH"] == ("6" if run.system in plan.LSTM_SYSTEMS else "20")
+            # the transformers: about the short-budget LSTMs' wall time
+            lstm = run.system in plan.LSTM_SYSTEMS or run.system in plan.LSTM_AUTHORS_SYSTEMS
+            assert run.env["MAX_EPOCH"] == ("6" if run.system in plan.LSTM_SYSTEMS else "40" if lstm else "20")
             assert run.env["VALIDATE"] == "1" and run.env["MAX_UPDATE"] == "0"
-            assert run.env["OPTIMIZER"] == ("paper" if run.system in plan.LSTM_SYSTEMS else "adam")
+            assert run.env["OPTIMIZER"] == ("paper" if lstm else "adam")
         if run.task == "tagging":
             assert run.env["PATIENCE"] == "3" and run.env["VALIDATE_EVERY"] == "0"
             assert run.env["CHECKPOINT"] == "checkpoint_best.pt" and run.env["TAG_COLUMN"] == run.group
@@ -109,7 +114,233 @@ def test_every_planned_system_has_flags_in_its_recipe(tmp_path):
     assert "not found" in refused.stderr and "unknown variant" not in refused.stderr  # names checked before data
     with open(os.path.join(REPO, plan.RECIPES["lm"]), encoding="utf-8") as f:
         models = set(re.findall(r"^\s+(\w+)\)\s+echo", f.read(), re.M))
-    assert set(plan.SYSTEMS["lm"]) <= models
+    assert {plan.lm_model(system) for system in plan.SYSTEMS["lm"]} <= models
+    assert "lstm_lm_authors" not in models  # a system of the plan, not a model of the recipe
+
+
+AUTHORS = {"lstm_lm_authors": "lstm_lm", "attentive_lstm_lm_authors": "attentive_lstm_lm",
+           "positional_attentive_lstm_lm_authors": "positional_attentive_lstm_lm"}
+SCRIPT = EVIDENCE / "run_lstm_authors_budget.sh"
+
+
+def test_the_lstms_at_the_authors_budget_run_the_same_models_with_the_authors_settings(tmp_path):
+    """The three systems of the authors' budget: run_ptb.sh's models (MODELS without the suffix), lr 30, weight
+    decay 1.2e-6, batch 32, 40 epochs, the architectures' own initialisation and eps (nothing passed), 2 seeds,
+    their own folders and budget, whatever the short budget's settings; last in the plan."""
+    assert plan.LSTM_AUTHORS_SYSTEMS == AUTHORS
+    runs = plan.build_plan(plan.Settings.from_env({"EVIDENCE_OUT": str(tmp_path)}))
+    authors = [r for r in runs if r.system in AUTHORS]
+    assert [r.id for r in authors] == [f"lm/{system}/seed{seed}" for seed in (1, 2) for system in AUTHORS]
+    assert runs[-len(authors):] == authors  # the long trainings after every other run
+    short = {r.system: r for r in runs if r.system in plan.LSTM_SYSTEMS and r.seed == 1}
+    for run in authors:
+        model = AUTHORS[run.system]
+        assert run.out_dir == tmp_path / "lm" / run.system / f"seed{run.seed}" != short[model].out_dir
+        assert {k: run.env[k] for k in ("MODELS", "LR", "WEIGHT_DECAY", "BATCH_SIZE", "MAX_EPOCH", "OPTIMIZER",
+                                        "LSTM_DIM", "LSTM_LAYERS", "VALIDATE", "EVAL_CHECKPOINT", "MAX_UPDATE",
+                                        "SEED", "DROPOUT", "PRECISION")} == {
+            "MODELS": model, "LR": "30", "WEIGHT_DECAY": "1.2e-6", "BATCH_SIZE": "32", "MAX_EPOCH": "40",
+            "OPTIMIZER": "paper", "LSTM_DIM": "400", "LSTM_LAYERS": "2", "VALIDATE": "1",
+            "EVAL_CHECKPOINT": "checkpoint_best.pt", "MAX_UPDATE": "0", "SEED": str(run.seed),
+            "DROPOUT": "0.5" if model == "lstm_lm" else "", "PRECISION": "fp32"}
+        assert "ATTENTIVE_LM_INIT" not in run.env and "POSITIONAL_ATTENTION_EPS" not in run.env  # the defaults
+        assert run.train_log == run.out_dir / "logs" / f"train.{model}.log"  # run_ptb.sh names its logs by model
+        assert (run.train_log, "'max_epoch': 40,") in run.done_when
+        assert [k.source.name for k in run.kept] == [f"eval.{model}.valid.log", f"eval.{model}.test.log"]
+        assert f"MODELS={model} " in run.shell() and "LR=30 " in run.shell() and "WEIGHT_DECAY=1.2e-6 " in run.shell()
+        for text in ("the authors' settings", "SGD, lr 30, no momentum, weight decay 1.2e-6", "batches of 32",
+                     "40 epochs of PTB", "--attentive-lm-init authors", "eps 1e-3", "clip-norm 0.25"):
+            assert text in run.budget, text
+        assert run.budget != short[model].budget
+    # the short budget's settings (LM_EPOCHS, LM_LSTM_LR) change the short budget only
+    other = plan.build_plan(plan.Settings.from_env({"EVIDENCE_OUT": str(tmp_path), "LM_EPOCHS": "3", "TASKS": "lm",
+                                                    "LM_LSTM_LR": "5", "LM_SYSTEMS": " ".join(AUTHORS)}))
+    assert [(r.env, r.budget) for r in other] == [(r.env, r.budget) for r in authors]
+    capped, = plan.build_plan(plan.Settings.from_env({"EVIDENCE_OUT": str(tmp_path), "MAX_UPDATE": "3", "TASKS": "lm",
+                                                      "LM_SYSTEMS": "attentive_lstm_lm_authors", "LM_SEEDS": "1"}))
+    assert capped.env["MAX_UPDATE"] == "3" and "at most 3 updates" in capped.budget  # a smoke run: another budget
+    labels = plan.system_labels(plan.Settings.from_env({}), "lm")
+    assert [labels[s] for s in AUTHORS] == ["LSTM (fairseq lstm_lm), authors' budget",
+                                           "attentive LSTM (Salton et al.), authors' budget",
+                                           "positional attentive LSTM (Dagan), authors' budget"]
+    assert labels["positional_attentive_lstm_lm"] == "positional attentive LSTM (Dagan), 6 epochs at lr 10"
+
+
+def test_the_short_budget_lstms_are_planned_as_recorded(monkeypatch):
+    """The 6-epoch LSTMs keep their commands and budget: their committed records stay finished."""
+    import records
+
+    monkeypatch.delenv("EVIDENCE_RECORDS", raising=False)
+    runs = plan.build_plan(plan.Settings.from_env({"TASKS": "lm", "LM_SYSTEMS": " ".join(plan.LSTM_SYSTEMS)}))
+    assert [r.id for r in runs] == [f"lm/{s}/seed{seed}" for seed in (1, 2) for s in plan.LSTM_SYSTEMS]
+    common = ("THREADS=1 PTB_DIR=../shared/data/ptb_lm MODELS={0} PARALLEL=1 SEED=1 MAX_UPDATE=0 MAX_EPOCH=6 "
+              "STOP_TIME_HOURS=0 VALIDATE=1 EVAL_CHECKPOINT=checkpoint_best.pt LSTM_DIM=400 LSTM_LAYERS=2 "
+              "BATCH_SIZE=20 OPTIMIZER=paper LR=10 DROPOUT={1} WEIGHT_DECAY=0")
+    assert [r.shell() for r in runs[:3]] == [
+        f"OUT=evidence-output/lm/{system}/seed1 " + common.format(system, dropout) + extra
+        + " bash examples/language_model/run_ptb.sh"
+        for system, dropout, extra in (
+            ("lstm_lm", "0.5", ""), ("attentive_lstm_lm", "''", " ATTENTIVE_LM_INIT=uniform"),
+            ("positional_attentive_lstm_lm", "''", " ATTENTIVE_LM_INIT=uniform POSITIONAL_ATTENTION_EPS=1e-6"))]
+    for run in runs:
+        assert "lr 10 instead of 30" in run.budget and "6 epochs of PTB" in run.budget
+        if (records.record_dir(run) / records.RUN_FILE).exists():  # committed with the code
+            assert records.is_recorded(run), f"{run.id}: its record's budget is no longer the plan's"
+
+
+def test_the_claims_on_the_lstms_are_made_at_both_budgets(tmp_path, monkeypatch):
+    """Dagan's three claims on the short budget's LSTMs (as before) and, as claims of their own, on the same
+    models at the authors' budget; verdicts once their runs have values; the page plans the new systems even
+    where the records' settings predate them, and a runner of a part of the plan removes no system from them."""
+    import evidence
+    import records
+    import results
+
+    lm = paper_claims.claims_for("lm")
+    dagan = [c for c in lm if c.source == paper_claims.DAGAN]
+    assert len(dagan) == 6
+    short = [c for c in dagan if c.system in plan.LSTM_SYSTEMS]
+    authors = [c for c in dagan if c.system in AUTHORS]
+    assert [(c.system, c.reference) for c in short] == [
+        ("positional_attentive_lstm_lm", "attentive_lstm_lm"), ("lstm_lm", "attentive_lstm_lm"),
+        ("lstm_lm", "positional_attentive_lstm_lm")]
+    assert [(AUTHORS[c.system], AUTHORS[c.reference], c.paper_system, c.paper_reference, c.reading) for c in authors] \
+        == [(c.system, c.reference, c.paper_system, c.paper_reference, c.reading) for c in short]
+    assert all(c.metric == "test_ppl" and c.is_paper_claim for c in authors)
+
+    settings = plan.Settings.from_env({"EVIDENCE_OUT": str(tmp_path), "TASKS": "lm"})
+    runs = [r for r in plan.build_plan(settings) if r.seed is not None]
+    data = results.TaskData("lm", "", runs, {})
+    positional_first = next(c for c in authors if c.system == "positional_attentive_lstm_lm_authors")
+    assert results.evaluate(positional_first, data).judged()[0] == NOT_RUN
+    ppl = {"attentive_lstm_lm_authors": {1: 80.0, 2: 81.0}, "positional_attentive_lstm_lm_authors": {1: 75.0, 2: 77.0},
+           "lstm_lm_authors": {1: 85.0}}
+    for run in runs:
+        if run.seed in ppl.get(run.system, {}):
+            data.metrics[run.id] = {"test_ppl": ppl[run.system][run.seed]}
+    result = results.evaluate(positional_first, data)
+    assert result.deltas == {1: -5.0, 2: -4.0} and result.judged()[0] == REPRODUCED
+    lstm_first = next(c for c in authors
+                      if c.reference == "attentive_lstm_lm_authors" and c.system == "lstm_lm_authors")
+    assert results.evaluate(lstm_first, data).judged()[0].startswith("incomplete")  # seed 2 of lstm_lm missing
+    labels = plan.system_labels(settings, "lm")
+    assert "| positional attentive LSTM (Dagan), authors' budget vs attentive LSTM (Salton et al.), authors' budget |" \
+        in results.claim_row(result, labels)
+
+    # records' settings from before the new systems: the page plans them too ("not run yet")
+    root = tmp_path / "records"
+    monkeypatch.setenv("EVIDENCE_RECORDS", str(root))
+    old = [s for s in plan.SYSTEMS["lm"] if s not in AUTHORS]
+    records.save_settings(plan.Settings.from_env({"EVIDENCE_OUT": str(tmp_path), "LM_SYSTEMS": " ".join(old)}))
+    monkeypatch.delenv("LM_SYSTEMS", raising=False)
+    assert results.load_settings(str(tmp_path)).systems["lm"] == list(plan.SYSTEMS["lm"])
+    # the script's runner (TASKS=lm LM_SYSTEMS=the authors') adds its systems to the recorded ones
+    partial = plan.Settings.from_env({"EVIDENCE_OUT": str(tmp_path), "TASKS": "lm", "LM_SYSTEMS": " ".join(AUTHORS)})
+    records.save_settings(evidence.with_recorded_systems(partial))
+    saved = json.loads((root / "settings.json").read_text(encoding="utf-8"))
+    assert saved["systems"]["lm"] == list(plan.SYSTEMS["lm"])
+    assert saved["systems"]["tagging"] == list(plan.SYSTEMS["tagging"])
+
+
+def test_the_script_dry_run_lists_the_six_runs(tmp_path):
+    """``run_lstm_authors_budget.sh --dry-run``: the runner's plan of exactly the six trainings."""
+    env = {**os.environ, "EVIDENCE_OUT": str(tmp_path), "EVIDENCE_RECORDS": str(tmp_path / "records"),
+           "TASKS": "translation tagging", "LM_SYSTEMS": "tf_da"}  # the script's own selection wins
+    printed = subprocess.run(["bash", str(SCRIPT), "--dry-run"], env=env, capture_output=True, text=True, timeout=120,
+                             check=True).stdout.splitlines()
+    assert [line.split("\t")[:2] for line in printed] == [[f"lm/{system}/seed{seed}", "pending"]
+                                                          for seed in (1, 2) for system in AUTHORS]
+    for line in printed:
+        run_id, _, command = line.split("\t")
+        system = run_id.split("/")[1]
+        assert f"MODELS={AUTHORS[system]} " in command and f"SEED={run_id[-1]} " in command
+        for setting in ("LR=30", "WEIGHT_DECAY=1.2e-6", "BATCH_SIZE=32", "MAX_EPOCH=40", "OPTIMIZER=paper"):
+            assert f" {setting} " in command, setting
+        assert command.endswith("bash examples/language_model/run_ptb.sh")
+    assert not (tmp_path / "manifest.json").exists()  # nothing run, nothing written
+
+
+# ---------------------------------------------------------------------------------------------- progress
+def fairseq_log(epochs: int, done: bool = False) -> str:
+    """A fairseq-train log of ``epochs`` epochs of 1315 updates, each 2 minutes, valid every epoch."""
+    lines = []
+    for epoch in range(1, epochs + 1):
+        start = datetime.datetime(2026, 11, 27, 10, 0) + datetime.timedelta(minutes=2 * (epoch - 1))
+        stamp = lambda seconds: (start + datetime.timedelta(seconds=seconds)).isoformat(sep=" ")  # noqa: E731
+        lines += [f"{stamp(0)} | INFO | fairseq.trainer | begin training epoch {epoch}",
+                  f"{stamp(10)} | INFO | train_inner | epoch {epoch:03d}:    100 / 1315 loss=9.1, ppl=549.2, "
+                  "wps=5000, ups=12.5, wpb=700, bsz=32, num_updates=100, lr=30, gnorm=1.2, clip=100, train_wall=8, "
+                  "wall=10",
+                  f"{stamp(118)} | INFO | valid | epoch {epoch:03d} | valid on 'valid' subset | loss 8.1 | "
+                  f"ppl {300 - epoch:.2f} | wps 9000 | wpb 436.4 | bsz 31.9 | num_updates {1315 * epoch}",
+                  f"{stamp(120)} | INFO | train | epoch {epoch:03d} | loss 9 | ppl 512 | wps 5000 | ups 11 | "
+                  f"wpb 700 | bsz 32 | num_updates {1315 * epoch} | lr 30 | gnorm 1 | clip 100 | train_wall 110 | "
+                  f"wall {120 * epoch}"]
+    if done:
+        lines.append("2026-11-27 12:00:00 | INFO | fairseq_cli.train | done training in 4800.0 seconds")
+    return "\n".join(lines) + "\n"
+
+
+def test_progress_reports_the_time_per_epoch_as_soon_as_it_is_known(tmp_path):
+    """``evidence.py progress``: from the first logged updates an estimate, then the measured epochs (each
+    reported at epochs 1-3, every fifth and the last), the whole set's time; ``--changed`` prints only what
+    changed, ``--collect`` writes the records and logs so far into two archives."""
+    import tarfile
+
+    import evidence
+
+    env = {"EVIDENCE_OUT": str(tmp_path / "out"), "EVIDENCE_RECORDS": str(tmp_path / "records"), "TASKS": "lm",
+           "LM_SYSTEMS": "attentive_lstm_lm_authors positional_attentive_lstm_lm_authors", "LM_SEEDS": "1"}
+    attentive, positional = plan.build_plan(plan.Settings.from_env(env))
+    assert evidence.training_progress(attentive) is None and evidence.progress_stage(attentive, None) == ("", "")
+    positional.train_log.parent.mkdir(parents=True)
+    positional.train_log.write_text(fairseq_log(1).splitlines()[0] + "\n" + fairseq_log(1).splitlines()[1] + "\n",
+                                    encoding="utf-8")
+    progress = evidence.training_progress(positional)
+    assert (progress.epochs_done, progress.updates_per_epoch, progress.first_ups) == (0, 1315, 12.5)
+    assert progress.seconds_per_epoch == pytest.approx(1315 / 12.5)
+    stage, line = evidence.progress_stage(positional, progress)
+    assert stage == "estimate" and line == (
+        "lm/positional_attentive_lstm_lm_authors/seed1: epoch 1, 12.5 updates/s over its first 100 of 1315 updates: "
+        "about 1.8 min per epoch (training only, validation not counted), about 70.1 min for 40 epochs")
+    stages = {}
+    for epochs in (1, 3, 4, 7, 40):
+        positional.train_log.write_text(fairseq_log(epochs), encoding="utf-8")
+        stages[epochs] = evidence.progress_stage(positional, evidence.training_progress(positional))
+    assert [stage for stage, _ in stages.values()] == ["epoch 1", "epoch 3", "epoch 3", "epoch 5", "epoch 40"]
+    assert stages[4][1] == ("lm/positional_attentive_lstm_lm_authors/seed1: 4 of 40 epochs in 8.0 min, 2.0 min "
+                            "per epoch (validation included): about 80.0 min for 40 epochs, 72.0 min left, "
+                            "valid ppl 296")
+    # the command: every line once, then only what changed
+    (attentive.train_log.parent).mkdir(parents=True)
+    attentive.train_log.write_text(fairseq_log(2), encoding="utf-8")
+    positional.train_log.write_text(fairseq_log(40, done=True), encoding="utf-8")
+    record = tmp_path / "records" / positional.id
+    record.mkdir(parents=True)
+    (record / "run.json").write_text(json.dumps({"budget": positional.budget}), encoding="utf-8")
+    state = tmp_path / "state.json"
+    state.write_text("", encoding="utf-8")  # as mktemp leaves it
+    command = [sys.executable, str(EVIDENCE / "evidence.py"), "progress", "--changed", str(state),
+               "--collect", str(tmp_path / "dest")]
+    first = subprocess.run(command, env={**os.environ, **env}, capture_output=True, text=True, check=True).stdout
+    assert [line.split("] ", 1)[1] for line in first.splitlines()] == [
+        "lm/attentive_lstm_lm_authors/seed1: 2 of 40 epochs in 4.0 min, 2.0 min per epoch (validation included): "
+        "about 80.0 min for 40 epochs, 76.0 min left, valid ppl 298",
+        "lm/positional_attentive_lstm_lm_authors/seed1: training done, 40 epochs in 80.0 min (2.0 min per epoch), "
+        "valid ppl 260",
+        "all 2 trainings side by side: about 80.0 min in all (the slowest, lm/attentive_lstm_lm_authors/seed1); "
+        "1 of 2 done"]
+    again = subprocess.run(command, env={**os.environ, **env}, capture_output=True, text=True, check=True).stdout
+    assert again == ""
+    attentive.train_log.write_text(fairseq_log(3), encoding="utf-8")
+    third = subprocess.run(command, env={**os.environ, **env}, capture_output=True, text=True, check=True).stdout
+    assert len(third.splitlines()) == 1 and "attentive_lstm_lm_authors/seed1: 3 of 40 epochs" in third
+    with tarfile.open(tmp_path / "dest" / "records.tar.gz") as archive:
+        assert archive.getnames() == [f"{positional.id}/run.json"]
+    with tarfile.open(tmp_path / "dest" / "logs.tar.gz") as archive:
+        assert archive.getnames() == [f"{attentive.id}/train.attentive_lstm_lm.log",
+                                      f"{positional.id}/train.positional_attentive_lstm_lm.log"]
+    assert sorted(p.name for p in (tmp_path / "dest").iterdir()) == ["logs.tar.gz", "records.tar.gz"]
 
 
 def test_a_record_is_complete_or_absent(tmp_path):
@@ -389,8 +620,12 @@ def test_an_interrupted_set_resumes_without_redoing_finished_runs(tiny_runs):
     da_row = next(line for line in page.splitlines() if line.startswith("| Transformer LM + DA vs Transformer LM |"))
     deltas = [ppl[("tf_da", s)] - ppl[("tf_vanilla", s)] for s in (1, 2)]
     assert f"s1: {deltas[0]:+.2f}, s2: {deltas[1]:+.2f}" in da_row and "**measured only**" in da_row
-    dagan = next(line for line in page.splitlines() if line.startswith("| positional attentive LSTM (Dagan) vs"))
+    dagan = next(line for line in page.splitlines()
+                 if line.startswith("| positional attentive LSTM (Dagan), 6 epochs at lr 10 vs"))
     assert "70.92 vs 76.56 (-5.64)" in dagan and "**not run yet**" in dagan
+    authors = next(line for line in page.splitlines()
+                   if line.startswith("| positional attentive LSTM (Dagan), authors' budget vs attentive LSTM"))
+    assert "70.92 vs 76.56 (-5.64)" in authors and "**not run yet**" in authors
     assert page.count("**not run yet**") > 40  # translation, tagging, classification: nothing ran
     assert re.search(r"\(4 of \d+ runs finished\)", page)  # of every task's planned runs, however many the plan has
     for picture in ("lm_seeds.png", "lm_valid_ppl.png"):

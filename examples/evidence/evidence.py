@@ -5,6 +5,7 @@
     python examples/evidence/evidence.py run       # run what is not finished, JOBS at a time
     python examples/evidence/evidence.py status    # counts and wall time per task
     python examples/evidence/evidence.py record    # record the finished runs (done by ``run`` too)
+    python examples/evidence/evidence.py progress  # per training: epochs done, time per epoch, time left
 
 Settings come from the environment (``evidence_plan.Settings.from_env``: TASKS, SEEDS, budgets, JOBS,
 data folders). ``run`` records every finished run in ``examples/evidence/records/`` (:mod:`records`:
@@ -14,23 +15,34 @@ steps), writes ``EVIDENCE_OUT/manifest.json`` atomically after every change, and
 stops its recipes (SIGTERM to each one's process group), marks them interrupted and exits with status
 143 (130). Running the same command again carries on, on this machine or, from the records, on another
 one. When every run has been tried it regenerates docs/results.md (``--no-results`` to skip).
+
+``progress`` reads the trainings' logs: per run the time per epoch as soon as it is known (first an estimate
+from fairseq's updates per second over the first logged updates, then the measured epochs, validation
+included) and what that makes for the run's epochs; ``--changed STATE`` prints only what changed since the
+last call with the same STATE file, ``--collect DEST`` writes the plan's records and training logs so far
+into two archives in DEST (``examples/evidence/run_lstm_authors_budget.sh`` polls it, so that a session cut
+off still leaves them).
 """
 
 import argparse
 import contextlib
+import dataclasses
 import datetime
 import fcntl
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
+import tarfile
 import time
 from pathlib import Path
-from typing import IO, Dict, Iterator, List, Optional
+from typing import IO, Dict, Iterator, List, Optional, Tuple
 
-from evidence_plan import REPO, PlanError, Run, Settings, build_plan
-from records import is_recorded, next_attempt_log, read_record, save_settings, write_record
+from evidence_plan import REPO, SYSTEMS, TASKS, PlanError, Run, Settings, build_plan
+from records import (attempt_logs, is_recorded, load_settings, next_attempt_log, read_record, record_dir,
+                     save_settings, write_record)
 
 MANIFEST = "manifest.json"
 POLL_SECONDS = 1.0
@@ -333,12 +345,193 @@ def print_status(settings: Settings, runs: List[Run]) -> None:
         print(f"| {task} | {len(mine)} | {len(finished)} | {failed} | {interrupted} | {hours:.2f} |")
 
 
+# ------------------------------------------------------------------------------------ progress
+STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d) \| ")
+BEGIN_EPOCH = re.compile(r"\| begin training epoch (\d+)$")
+END_EPOCH = re.compile(r"\| train \| epoch (\d+) \|")
+INNER = re.compile(r"\| epoch (\d+): +(\d+) / (\d+) .*?\bups=([0-9.]+)")
+VALID_PPL = re.compile(r"\| valid on 'valid' subset \|.*?\| ppl ([0-9.e+-]+|inf|nan) ")
+
+
+@dataclasses.dataclass
+class Progress:
+    """A training's progress, from its logs (every attempt's, oldest first)."""
+
+    epochs_done: int = 0
+    epoch_seconds: Dict[int, float] = dataclasses.field(default_factory=dict)  # per finished epoch, validation in
+    updates_per_epoch: int = 0
+    first_updates: int = 0  # the first logged updates of the first epoch ...
+    first_ups: float = 0.0  # ... and fairseq's updates per second over them
+    valid_ppl: Optional[float] = None  # of the last validation
+    done: bool = False
+
+    @property
+    def seconds_per_epoch(self) -> Optional[float]:
+        """The mean of the measured epochs, else the estimate from the first logged updates (training only)."""
+        if self.epoch_seconds:
+            return sum(self.epoch_seconds.values()) / len(self.epoch_seconds)
+        if self.first_ups > 0 and self.updates_per_epoch:
+            return self.updates_per_epoch / self.first_ups
+        return None
+
+
+def training_progress(run: Run) -> Optional[Progress]:
+    """None before the run's training has logged anything."""
+    logs = attempt_logs(run.train_log)
+    if not logs:
+        return None
+    progress = Progress()
+    for path in logs:
+        begun: Dict[int, datetime.datetime] = {}
+        with open(path, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                line = line.rstrip("\n")
+                stamp = STAMP.match(line)
+                when = datetime.datetime.fromisoformat(stamp[1]) if stamp else None
+                if "done training" in line:
+                    progress.done = True
+                elif (match := BEGIN_EPOCH.search(line)) and when:
+                    begun[int(match[1])] = when
+                elif match := END_EPOCH.search(line):
+                    epoch = int(match[1])
+                    progress.epochs_done = max(progress.epochs_done, epoch)
+                    if when and epoch in begun:
+                        progress.epoch_seconds[epoch] = (when - begun[epoch]).total_seconds()
+                elif match := VALID_PPL.search(line):
+                    progress.valid_ppl = float(match[1])
+                elif (match := INNER.search(line)) and not progress.first_updates:
+                    progress.first_updates, progress.updates_per_epoch = int(match[2]), int(match[3])
+                    progress.first_ups = float(match[4])
+    return progress
+
+
+def epochs_text(n: int) -> str:
+    return f"{n} epoch{'s' * (n != 1)}"
+
+
+def duration(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 90 * 60:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def progress_stage(run: Run, progress: Optional[Progress]) -> Tuple[str, str]:
+    """(stage, line): the line is reported again only when the stage changes: the first estimate, epochs 1,
+    2, 3, every fifth, the last, the end of the training (some 15 lines for 40 epochs)."""
+    if progress is None or (progress.seconds_per_epoch is None and not progress.done):
+        return "", ""
+    epochs = int(run.env.get("MAX_EPOCH") or 0)
+    per_epoch = progress.seconds_per_epoch
+    spent = sum(progress.epoch_seconds.values())
+    total = f"{epochs} epochs" if epochs else "the run"
+    ppl = f", valid ppl {progress.valid_ppl:g}" if progress.valid_ppl is not None else ""
+    if progress.done:
+        timing = f" in {duration(spent)} ({duration(per_epoch)} per epoch)" if progress.epoch_seconds else ""
+        return "done", f"{run.id}: training done, {epochs_text(progress.epochs_done)}{timing}{ppl}"
+    assert per_epoch is not None
+    if not progress.epoch_seconds:
+        line = (f"{run.id}: epoch 1, {progress.first_ups:g} updates/s over its first {progress.first_updates} of "
+                f"{progress.updates_per_epoch} updates: about {duration(per_epoch)} per epoch (training only, "
+                "validation not counted)")
+        return "estimate", line + (f", about {duration(per_epoch * epochs)} for {total}" if epochs else "")
+    done = progress.epochs_done
+    stage = done if done <= 3 or done >= epochs else max(3, done - done % 5)
+    line = f"{run.id}: {done} of {epochs or '?'} epochs in {duration(spent)}, {duration(per_epoch)} per epoch"
+    if epochs:
+        line += (f" (validation included): about {duration(per_epoch * epochs)} for {total}, "
+                 f"{duration(per_epoch * max(0, epochs - done))} left")
+    return f"epoch {stage}", line + ppl
+
+
+def progress_summary(runs: List[Run], progresses: Dict[str, Optional[Progress]]) -> Tuple[str, str]:
+    """The runs side by side: the slowest one's time in all (known once every run has an estimate)."""
+    known = {r.id: p.seconds_per_epoch for r in runs for p in [progresses.get(r.id)] if p and p.seconds_per_epoch}
+    finished = sum(bool(p and p.done) for p in progresses.values())
+    stage = f"{len(known)} estimated, {finished} done"
+    if len(known) < len(runs):
+        return stage, f"{len(known)} of {len(runs)} trainings have a time per epoch so far"
+    totals = {r.id: sum(p.epoch_seconds.values()) if p.done else known[r.id] * int(r.env.get("MAX_EPOCH") or 0)
+              for r in runs for p in [progresses[r.id]] if p is not None}
+    slowest = max(totals, key=totals.get)  # type: ignore[arg-type]
+    together = f"all {len(runs)} trainings side by side" if len(runs) > 1 else "the training"
+    return stage, (f"{together}: about {duration(totals[slowest])} in all (the slowest, {slowest}); "
+                   f"{finished} of {len(runs)} done")
+
+
+RECORDS_ARCHIVE, LOGS_ARCHIVE = "records.tar.gz", "logs.tar.gz"
+
+
+def collect(runs: List[Run], dest: Path) -> None:
+    """Two archives in ``dest`` (few files, no deep folders: what a GPU machine's $OUT sends back), each
+    replaced at once (complete or absent): ``records.tar.gz``, the records of the runs recorded so far, as
+    ``<run id>/<file>`` (``tar -xzf records.tar.gz -C examples/evidence/records`` adds them to the records),
+    and ``logs.tar.gz``, their trainings' logs so far (every attempt's), evaluations and ``recipe.log``, as
+    ``<run id>/<file>``, for a run cut off before its end."""
+    dest.mkdir(parents=True, exist_ok=True)
+    members: Dict[str, List[Tuple[Path, str]]] = {RECORDS_ARCHIVE: [], LOGS_ARCHIVE: []}
+    for run in runs:
+        if is_recorded(run):
+            members[RECORDS_ARCHIVE] += [(path, f"{run.id}/{path.name}") for path in sorted(record_dir(run).iterdir())
+                                         if path.is_file()]
+        logs = attempt_logs(run.train_log) + sorted(run.out_dir.glob("logs/eval.*.log")) + [run.out_dir / "recipe.log"]
+        members[LOGS_ARCHIVE] += [(path, f"{run.id}/{path.name}") for path in logs if path.is_file()]
+    for name, files in members.items():
+        temporary = dest / f".{name}.tmp-{os.getpid()}"
+        with tarfile.open(temporary, "w:gz") as archive:
+            for path, arcname in files:
+                archive.add(path, arcname=arcname)
+        os.replace(temporary, dest / name)
+
+
+def print_progress(runs: List[Run], state_path: Optional[Path], dest: Optional[Path]) -> None:
+    """Every training's line (with ``state_path``: only the lines whose stage changed since the last call)."""
+    trainings = [r for r in runs if r.train_log is not None]
+    state: Dict[str, str] = {}
+    if state_path is not None and state_path.exists():
+        with contextlib.suppress(ValueError):  # empty (new) or cut short: everything is new
+            with open(state_path, encoding="utf-8") as f:
+                state = json.load(f)
+    progresses = {r.id: training_progress(r) for r in trainings}
+    reports = {r.id: progress_stage(r, progresses[r.id]) for r in trainings}
+    reports[""] = progress_summary(trainings, progresses)
+    for key, (stage, line) in reports.items():
+        if not line:
+            continue
+        if state_path is None:
+            print(line)
+        elif state.get(key) != stage:
+            log(line)
+            state[key] = stage
+    if state_path is not None:
+        state_path.write_text(json.dumps(state, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    if dest is not None:
+        collect(runs, dest)
+
+
+# ------------------------------------------------------------------------------------ settings
+def with_recorded_systems(settings: Settings) -> Settings:
+    """``settings`` with the systems of the records' settings added, per task (in :data:`SYSTEMS` order): a
+    runner of a part of the plan (``TASKS=lm LM_SYSTEMS=...``, as run_lstm_authors_budget.sh) adds its
+    systems to the settings the results page plans from and removes none."""
+    recorded = load_settings(settings).systems
+    return dataclasses.replace(settings, systems={
+        task: [s for s in SYSTEMS[task] if s in settings.systems[task] or s in recorded.get(task, [])]
+        for task in TASKS})
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("action", choices=["plan", "run", "status", "record"])
+    parser.add_argument("action", choices=["plan", "run", "status", "record", "progress"])
     parser.add_argument("--tasks", help="overrides TASKS, e.g. 'tagging classification'")
     parser.add_argument("--jobs", type=int, help="overrides JOBS: runs at once")
     parser.add_argument("--no-results", action="store_true", help="run: do not regenerate the results page at the end")
+    parser.add_argument("--changed", metavar="STATE", type=Path,
+                        help="progress: print only what changed since the last call with this state file")
+    parser.add_argument("--collect", metavar="DEST", type=Path,
+                        help="progress: also write the runs' records and training logs so far to "
+                        f"DEST/{RECORDS_ARCHIVE} and DEST/{LOGS_ARCHIVE}")
     return parser
 
 
@@ -363,8 +556,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 0
     if args.action == "record":
         return record_finished(settings, runs)
+    if args.action == "progress":
+        print_progress(runs, args.changed, args.collect)
+        return 0
     with exclusive(settings.out):
-        save_settings(settings)
+        save_settings(with_recorded_systems(settings))
         runner = Runner(settings, runs)
         runner.sync_with_disk()
         todo = [r for r in runs if runner.status(r) != FINISHED]

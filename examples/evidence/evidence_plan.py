@@ -37,6 +37,9 @@ SYSTEMS: Dict[str, Dict[str, str]] = {
         "positional_attentive_lstm_lm": "positional attentive LSTM (Dagan)", "tf_vanilla": "Transformer LM",
         "tf_da": "Transformer LM + DA", "tf_shaw16": "Transformer LM + RPR (k = 16)",
         "tf_direct_both": "Transformer LM + P+R", "tf_conv2d": "Transformer LM + Conv2d",
+        "lstm_lm_authors": "LSTM (fairseq lstm_lm), authors' budget",
+        "attentive_lstm_lm_authors": "attentive LSTM (Salton et al.), authors' budget",
+        "positional_attentive_lstm_lm_authors": "positional attentive LSTM (Dagan), authors' budget",
     },
     "tagging": {
         "pe_add": "SAN+PE[add]", "san": "SAN", "pe_con": "SAN+PE[con]", "p_r": "SAN+P+R",
@@ -50,7 +53,16 @@ SYSTEMS: Dict[str, Dict[str, str]] = {
 }
 DEFAULT_SEEDS = {"translation": "1 2 3", "lm": "1 2", "tagging": "1 2 3", "classification": "1 2 3 4 5"}
 TAG_SETS = ("upos", "xpos")
+#: the PTB LSTMs at the short budget (LM_EPOCHS epochs at LM_LSTM_LR: lm_budget), as they were recorded
 LSTM_SYSTEMS = ("lstm_lm", "attentive_lstm_lm", "positional_attentive_lstm_lm")
+#: the same three models at the authors' budget (lm_budget), system -> run_ptb.sh's model (its MODELS): their
+#: own output folders and records, the same recipe, model and log names (logs/train.<model>.log)
+LSTM_AUTHORS_SYSTEMS = {"lstm_lm_authors": "lstm_lm", "attentive_lstm_lm_authors": "attentive_lstm_lm",
+                        "positional_attentive_lstm_lm_authors": "positional_attentive_lstm_lm"}
+AUTHORS_EPOCHS = 40  # the default --epochs of the authors' main.py (gautierdag/pytorch-attentive-lm)
+AUTHORS_LR = 30.0
+AUTHORS_WEIGHT_DECAY = "1.2e-6"
+AUTHORS_BATCH_SIZE = 32
 RECIPES = {"translation": "examples/multi30k_en_de/run.sh", "lm": "examples/language_model/run_ptb.sh",
            "tagging": "examples/pos_tagging/run.sh", "classification": "examples/sentence_classification/run.sh"}
 
@@ -103,8 +115,9 @@ class Settings:
         """``EVIDENCE_OUT`` (default ``evidence-output/`` in the repository), ``TASKS``, ``SEEDS`` (all
         tasks) or ``TRANSLATION_SEEDS`` / ``LM_SEEDS`` / ``TAGGING_SEEDS`` / ``CLASSIFICATION_SEEDS``,
         ``TRANSLATION_SYSTEMS`` / ``LM_SYSTEMS`` / ``TAGGING_SYSTEMS`` / ``CLASSIFICATION_SYSTEMS``,
-        ``TAG_SETS``; budgets ``TRANSLATION_MAX_UPDATE``, ``LM_EPOCHS`` (epochs per LSTM language model),
-        ``LM_TF_EPOCHS`` (per transformer language model), ``LM_LSTM_LR`` (the LSTMs' SGD learning rate),
+        ``TAG_SETS``; budgets ``TRANSLATION_MAX_UPDATE``, ``LM_EPOCHS`` (epochs per LSTM language model of the
+        short budget), ``LM_TF_EPOCHS`` (per transformer language model), ``LM_LSTM_LR`` (the short-budget LSTMs'
+        SGD learning rate; the LSTMs at the authors' budget have theirs, fixed: :func:`lm_budget`),
         ``TAGGING_PATIENCE``, ``TAGGING_MAX_EPOCH``, ``CLASSIFICATION_MAX_UPDATE``, and ``MAX_UPDATE`` (a cap
         on every run, for smoke runs); ``JOBS`` runs at once, ``THREADS`` CPU threads each; data
         ``MULTI30K_DIR``, ``PTB_DIR``, ``EWT_TRAIN`` + ``EWT_DEV`` (or ``EWT``, the folder), ``SST2``."""
@@ -248,13 +261,25 @@ class Run:
 
 def build_plan(settings: Settings) -> List[Run]:
     """Every run of the selected tasks, in the order they are started: per task its preparation,
-    then seed by seed every system (so that finished seeds give complete paired comparisons)."""
+    then seed by seed every system (so that finished seeds give complete paired comparisons); the LSTMs at
+    the authors' budget, the longest trainings by far (hours each on a CPU), after all the others, so that a
+    runner of the whole plan is not held up by them."""
     builders = {"translation": _translation, "lm": _language_model, "tagging": _tagging,
                 "classification": _classification}
     runs: List[Run] = []
     for task in settings.tasks:
         runs += builders[task](settings)
-    return runs
+    return sorted(runs, key=lambda run: run.task == "lm" and run.system in LSTM_AUTHORS_SYSTEMS)  # stable
+
+
+def system_labels(settings: Settings, task: str) -> Dict[str, str]:
+    """The systems' names on the results page: :data:`SYSTEMS`, the LSTMs of the short budget named with it
+    (beside the same models at the authors' budget)."""
+    labels = dict(SYSTEMS[task])
+    if task == "lm":
+        for system in LSTM_SYSTEMS:
+            labels[system] += f", {settings.lm_epochs} epochs at lr {settings.lm_lstm_lr:g}"
+    return labels
 
 
 def _common(settings: Settings, out: Path) -> Dict[str, str]:
@@ -306,12 +331,30 @@ def _translation(settings: Settings) -> List[Run]:
     return runs
 
 
+def lm_model(system: str) -> str:
+    """run_ptb.sh's name of the model a language-model system trains (its MODELS, and its logs' names)."""
+    return LSTM_AUTHORS_SYSTEMS.get(system, system)
+
+
 def lm_epochs(settings: Settings, system: str) -> int:
+    if system in LSTM_AUTHORS_SYSTEMS:
+        return AUTHORS_EPOCHS
     return settings.lm_epochs if system in LSTM_SYSTEMS else settings.lm_tf_epochs
 
 
 def lm_budget(settings: Settings, system: str) -> str:
     cap = f", at most {settings.max_update:,} updates" if settings.max_update else ""
+    if system in LSTM_AUTHORS_SYSTEMS:
+        return ("the authors' settings (their code, gautierdag/pytorch-attentive-lm, as Dagan 2019 describes it): "
+                "Dagan's sizes, embeddings and 2 LSTM layers of 400, tied; dropout 0.5 / 0.2 / 0.5 (the attentive "
+                "models' defaults; lstm_lm: 0.5); the authors' initialisation and eps 1e-3 (--attentive-lm-init "
+                "authors, --positional-attention-eps 1e-3: the architectures' defaults); batches of "
+                f"{AUTHORS_BATCH_SIZE} sentences (all three models; the authors' plain LSTM baseline: 20); SGD, lr "
+                f"{AUTHORS_LR:g}, no momentum, weight decay {AUTHORS_WEIGHT_DECAY}, clip-norm 0.25, lr x 0.5 after 5 "
+                f"epochs without a lower valid loss (OPTIMIZER=paper); {AUTHORS_EPOCHS} epochs of PTB{cap} (the "
+                "default --epochs of the authors' main.py; their scripted runs allow up to 500, with early "
+                "stopping), no early stopping; fp32; whole sentences (the authors' code cuts them at 35 tokens); "
+                "valid every epoch; checkpoint_best.pt")
     time = (f"{lm_epochs(settings, system)} epochs of PTB{cap} (a number of epochs rather than a training time: the "
             "budget does not depend on the machine's load, and a run fits in one working session of this machine)")
     if system in LSTM_SYSTEMS:
@@ -339,8 +382,9 @@ def _language_model(settings: Settings) -> List[Run]:
     runs = []
     for seed in settings.seeds["lm"]:
         for system in settings.systems["lm"]:
-            out, epochs = settings.out / "lm" / system / f"seed{seed}", lm_epochs(settings, system)
-            env = {**_common(settings, out), "PTB_DIR": settings.data["ptb"], "MODELS": system, "PARALLEL": "1",
+            out, model = settings.out / "lm" / system / f"seed{seed}", lm_model(system)
+            epochs = lm_epochs(settings, system)
+            env = {**_common(settings, out), "PTB_DIR": settings.data["ptb"], "MODELS": model, "PARALLEL": "1",
                    "SEED": str(seed), "MAX_UPDATE": str(settings.capped(0)), "MAX_EPOCH": str(epochs),
                    "STOP_TIME_HOURS": "0", "VALIDATE": "1",
                    "EVAL_CHECKPOINT": "checkpoint_best.pt"}
@@ -353,17 +397,22 @@ def _language_model(settings: Settings) -> List[Run]:
                     env["ATTENTIVE_LM_INIT"] = "uniform"
                 if system == "positional_attentive_lstm_lm":
                     env["POSITIONAL_ATTENTION_EPS"] = "1e-6"
+            elif system in LSTM_AUTHORS_SYSTEMS:
+                # the authors' budget; their initialisation and eps are the architectures' defaults: not passed
+                env.update(LSTM_DIM="400", LSTM_LAYERS="2", BATCH_SIZE=str(AUTHORS_BATCH_SIZE), OPTIMIZER="paper",
+                           LR=f"{AUTHORS_LR:g}", DROPOUT="0.5" if model == "lstm_lm" else "",
+                           WEIGHT_DECAY=AUTHORS_WEIGHT_DECAY, PRECISION="fp32")
             else:
                 env.update(TF_DIM="128", TF_FFN="512", TF_LAYERS="2", TF_HEADS="4", BATCH_SIZE="32",
                            OPTIMIZER="adam", LR="0.001", WARMUP="100", DROPOUT="0.1")
             logs = out / "logs"
-            train_log = logs / f"train.{system}.log"
+            train_log = logs / f"train.{model}.log"
             runs.append(Run(
                 id=f"lm/{system}/seed{seed}", task="lm", system=system, seed=seed, group="", out_dir=out,
                 recipe=RECIPES["lm"], args=(), env=env, budget=lm_budget(settings, system), train_log=train_log,
-                done_when=tuple((logs / f"eval.{system}.{subset}.log", "Perplexity:") for subset in ("valid", "test"))
+                done_when=tuple((logs / f"eval.{model}.{subset}.log", "Perplexity:") for subset in ("valid", "test"))
                 + trained_under(train_log, max_epoch=epochs, max_update=settings.capped(0)),
-                kept=tuple(Kept(f"eval.{subset}.log", logs / f"eval.{system}.{subset}.log")
+                kept=tuple(Kept(f"eval.{subset}.log", logs / f"eval.{model}.{subset}.log")
                            for subset in ("valid", "test"))))
     return runs
 

@@ -23,8 +23,9 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import results_readers as readers
-from evidence_plan import (LSTM_SYSTEMS, REPO, SYSTEMS, TASKS, Run, Settings, build_plan, classification_budget,
-                           display, lm_budget, tagging_budget, translation_budget)
+from evidence_plan import (LSTM_AUTHORS_SYSTEMS, LSTM_SYSTEMS, REPO, SYSTEMS, TASKS, Run, Settings, build_plan,
+                           classification_budget, display, lm_budget, system_labels, tagging_budget,
+                           translation_budget)
 from paper_claims import NO_EFFECT, Claim, claims_for
 from records import TRAIN_LOG, read_record, record_dir, records_root
 from records import load_settings as recorded_settings
@@ -305,12 +306,15 @@ def lm_time_picture(pictures: Pictures, data: TaskData, labels: Dict[str, str]) 
     for run in runs:
         points = readers.curve(record_dir(run) / TRAIN_LOG, "ppl", "epoch")
         hours = readers.training_hours_by_epoch(record_dir(run) / TRAIN_LOG)
-        colour = colours.setdefault(run.system, f"C{len(colours) % 10}")
+        number = list(colours).index(run.system) if run.system in colours else len(colours)
+        colour = colours.setdefault(run.system, f"C{number % 10}")
+        style = "-" if number < 10 else "--"  # past ten systems the colours repeat, dashed
         label = labels[run.system] if run.seed == min(r.seed for r in runs if r.system == run.system) else None
         by_epoch.plot([e for e, _ in points], [p for _, p in points], marker="o", markersize=3, color=colour,
-                      label=label)
+                      linestyle=style, label=label)
         timed = [(hours[int(e)], p) for e, p in points if int(e) in hours]
-        by_time.plot([h for h, _ in timed], [p for _, p in timed], marker="o", markersize=3, color=colour)
+        by_time.plot([h for h, _ in timed], [p for _, p in timed], marker="o", markersize=3, color=colour,
+                     linestyle=style)
     for axes, xlabel in ((by_epoch, "epoch"), (by_time, "training time (h, fairseq train_wall)")):
         axes.set_yscale("log")
         axes.set_xlabel(xlabel)
@@ -378,6 +382,10 @@ def systems_table(data: TaskData, labels: Dict[str, str]) -> List[str]:
                 cells.append(", ".join(f"s{s}: {fmt(data.value(system, s, metric))}" for s in done) or NOT_RUN)
         walls = [float(data.records[data.run(system, s).id]["seconds"]) for s in done]  # type: ignore
         wall = f"{statistics.mean(walls) / 60:.1f}" if walls else "–"
+        devices = sorted({readers.training_device(record_dir(data.run(system, s)) / TRAIN_LOG)  # type: ignore
+                          for s in done})
+        if devices and devices != ["CPU"]:  # runs on a GPU (six side by side): not comparable with the CPU's
+            wall += f" ({', '.join(devices)})"
         lines.append(f"| {labels[system]} | {len(done)} of {len(seeds)} | " + " | ".join(cells) + f" | {wall} |")
     return lines
 
@@ -404,7 +412,7 @@ class Section:
 
 
 def section(data: TaskData, settings: Settings, pictures: Pictures, extra_runs: Sequence[Run] = ()) -> Section:
-    labels = SYSTEMS[data.task]
+    labels = system_labels(settings, data.task)
     suffix = f"_{data.group}" if data.group else ""
     lines: List[str] = []
     results = [evaluate(claim, data) for claim in claims_for(data.task, data.group)]
@@ -437,7 +445,11 @@ def budgets(task: str, settings: Settings) -> List[str]:
         text = [translation_budget(settings)]
     elif task == "lm":
         return [f"**Seeds**: {seeds}. **Budget**, the same for every model of a kind:", "",
-                f"- LSTMs: {lm_budget(settings, LSTM_SYSTEMS[0])}.",
+                f"- LSTMs at the short budget ({', '.join(f'`{s}`' for s in LSTM_SYSTEMS)}): "
+                f"{lm_budget(settings, LSTM_SYSTEMS[0])}.",
+                f"- LSTMs at the authors' budget ({', '.join(f'`{s}`' for s in LSTM_AUTHORS_SYSTEMS)}: the same "
+                f"models, run_ptb.sh's `MODELS` without the suffix): "
+                f"{lm_budget(settings, next(iter(LSTM_AUTHORS_SYSTEMS)))}.",
                 f"- Transformers: {lm_budget(settings, 'tf_vanilla')}.", ""]
     elif task == "tagging":
         text = [tagging_budget(settings)]
@@ -460,7 +472,13 @@ INTRO = {
         "70.92) come from a different code base, perplexity count and training length: compare the direction, "
         "not the number. No per-seed significance test (seeds only). The small transformer LMs get about the "
         "LSTMs' wall time rather than their number of epochs (an epoch of theirs takes about a third of an LSTM "
-        "epoch here): the tables' last column shows how close the wall times came.", ""],
+        "epoch here): the tables' last column shows how close the wall times came. The three LSTMs are trained "
+        "at two budgets, each with its own rows and claims: a short one (the first three systems, 6 epochs at "
+        "lr 10 with the defaults of the time, made on this machine's CPU), which says how the models compare "
+        "early in training but does not test Dagan's claims, and the authors' (the systems named \"authors' "
+        "budget\": their schedule, batch, weight decay, initialisation and eps for 40 epochs; "
+        "`bash examples/evidence/run_lstm_authors_budget.sh`, six trainings side by side, meant for a GPU), which "
+        "does. A wall time measured on a GPU names it (six runs shared it).", ""],
     "tagging": [
         "`examples/pos_tagging/run.sh` on UD English-EWT (train / dev; EWT has no test set in our data and we "
         "report dev), UPOS and XPOS (EWT's XPOS is the Penn Treebank tag set, so XPOS is compared with the "
@@ -533,14 +551,14 @@ def how_made(settings: Settings, finished: int, planned: int) -> List[str]:
     ]
 
 
-def summary(claims: Sequence[Tuple[str, ClaimResult]]) -> List[str]:
+def summary(claims: Sequence[Tuple[str, ClaimResult]], settings: Settings) -> List[str]:
     lines = ["## Summary of the papers' claims", "",
              "| task | claim | metric | paper | verdict |", "|---|---|---|---|---|"]
     for task, result in claims:
         claim = result.claim
         if not claim.is_paper_claim:
             continue
-        labels = SYSTEMS[claim.task]
+        labels = system_labels(settings, claim.task)
         paper = (f"{claim.paper_delta:+.2f}" if claim.has_paper_number
                  else "higher" if claim.expected_sign > 0 else "lower")
         if claim.kind == NO_EFFECT:
@@ -551,12 +569,18 @@ def summary(claims: Sequence[Tuple[str, ClaimResult]]) -> List[str]:
 
 
 def load_settings(evidence_out: Optional[str]) -> Settings:
-    """The settings the records were made under (else the environment's), with every task."""
+    """The settings the records were made under (else the environment's), with every task, and per task the
+    systems the records were made for and those of the environment's plan (by default every system): a
+    system of the plan that no runner has tried yet, like the LSTMs at the authors' budget when they were
+    added, shows as "not run yet"."""
     env = dict(os.environ)
     if evidence_out:
         env["EVIDENCE_OUT"] = evidence_out
-    settings = recorded_settings(Settings.from_env(env))
+    planned = Settings.from_env(env)
+    settings = recorded_settings(planned)
     settings.tasks = list(TASKS)  # every task has its section; those not run show "not run yet"
+    settings.systems = {task: [s for s in SYSTEMS[task] if s in settings.systems.get(task, []) + planned.systems[task]]
+                        for task in TASKS}
     return settings
 
 
@@ -589,7 +613,8 @@ def build_page(settings: Settings, pictures: Pictures, n_samples: int) -> str:
     head = ["# Results: do the papers' claims hold here?", "",
             "Every number on this page comes from the logs of the evidence runs "
             "(`examples/evidence/`); rows without finished runs say so."]
-    return "\n".join(head + [""] + how_made(settings, len(records), len(runs)) + RULES + summary(claims) + sections)
+    return "\n".join(head + [""] + how_made(settings, len(records), len(runs)) + RULES + summary(claims, settings)
+                     + sections)
 
 
 def main(argv: Optional[List[str]] = None) -> int:

@@ -55,6 +55,26 @@ def curve(log: Path, metric: str, x: str) -> List[Tuple[float, float]]:
     return [(at, stats[metric]) for at, stats in validations(log, x).items() if metric in stats]
 
 
+CUDA_DEVICE = re.compile(r"\| rank +\d+: capabilities = .*?; name = (.+?) *$", re.M)
+
+
+def training_device(log: Path) -> str:
+    """Where a recorded training ran: ``CPU`` (fairseq's configuration has ``'cpu': True``), else the GPU
+    fairseq-train names at its start (``rank 0: ... ; name = NVIDIA H100 80GB HBM3``), ``N x <name>`` for
+    several, ``GPU`` if it names none."""
+    if not log.exists():
+        return "CPU"
+    with open(log, encoding="utf-8", errors="replace") as f:
+        text = f.read()
+    if "'cpu': True" in text:
+        return "CPU"
+    names = CUDA_DEVICE.findall(text)
+    if not names:
+        return "GPU"
+    ranks = len(set(re.findall(r"\| rank +(\d+): capabilities", text)))
+    return f"{ranks} x {names[0]}" if ranks > 1 else names[0]
+
+
 def training_hours_by_epoch(log: Path) -> Dict[int, float]:
     """Cumulative training time (fairseq's train_wall, validation excluded) at the end of each epoch."""
     per_epoch: Dict[int, float] = {}

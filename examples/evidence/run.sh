@@ -6,7 +6,7 @@
 #   nohup bash examples/evidence/run.sh > evidence.log 2>&1 &     # start, or resume after an interruption
 #   kill -TERM <its pid>                                          # stop cleanly (running recipes are resumed later)
 #   TASKS="tagging classification" JOBS=2 bash examples/evidence/run.sh
-#   bash examples/evidence/run.sh plan | status                   # the runs and their commands / progress
+#   bash examples/evidence/run.sh plan | status | progress        # the runs and their commands / state / time per epoch
 #
 # Settings (environment): TASKS, SEEDS or <TASK>_SEEDS, <TASK>_SYSTEMS, TAG_SETS, TRANSLATION_MAX_UPDATE,
 # LM_EPOCHS, LM_LSTM_LR, TAGGING_PATIENCE, TAGGING_MAX_EPOCH, CLASSIFICATION_MAX_UPDATE, MAX_UPDATE (cap, smoke
@@ -16,5 +16,5 @@ set -euo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 [[ -x "$REPO/.venv/bin/python" ]] && export PATH="$REPO/.venv/bin:$PATH"
 action=run
-case "${1:-}" in plan|run|status) action=$1; shift ;; esac
+case "${1:-}" in plan|run|status|progress) action=$1; shift ;; esac
 exec python "$REPO/examples/evidence/evidence.py" "$action" "$@"

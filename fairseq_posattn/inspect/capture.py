@@ -3,13 +3,15 @@
 - **Attention probabilities** per side (``encoder``, ``decoder`` self-attention, ``cross``), layer
   and head. fairseq's layers call their attention modules with ``need_weights=False``, so a forward
   hook on every attention module calls the module again, at once and on the very inputs and masks it
-  was given (the position context of our kernel still bound), with ``need_head_weights=True``. For
-  our kernel (:class:`~fairseq_posattn.modules.attention.PositionAwareMultiheadAttention`) that call
-  also leaves the softmax S *before* the post-softmax transform in ``last_softmax``.
+  was given (the position context of our kernel still bound), with ``need_head_weights=True``. Our
+  kernel (:class:`~fairseq_posattn.modules.attention.PositionAwareMultiheadAttention`) is also asked
+  to ``return_softmax_before_transform``: it returns the softmax S *before* the post-softmax
+  transform next to the weights (:class:`~fairseq_posattn.modules.attention.AttentionWeights`).
 - **Learned position quantities** of every position term of every self-attention layer, as the
   term returns them from ``inspect(positions)`` (:class:`~fairseq_posattn.modules.position_terms.
   registry.Quantity` records: named arrays with a generic layout), under the name of the term's
-  registered method; a post-softmax transform also shows the attention before and after it.
+  registered method (a term that reads a side-wide module, e.g. T5's table, once per side); a
+  post-softmax transform also shows the attention before and after it.
 - **Structural positions** of the source (``--task translation_structural``): token depths and
   the relative structural matrix next to the sequential one.
 - **Positional attentive LSTM LM** (Dagan 2019): ``mu_t``, ``sigma_t`` and the Gaussian attention
@@ -259,8 +261,6 @@ class AttentionRecorder:
 
     def __enter__(self) -> "AttentionRecorder":
         for side, layer, module in attention_modules(self.model):
-            if isinstance(module, PositionAwareMultiheadAttention):
-                module.keep_attention_maps = True
             hook = partial(self._record, side, layer)
             self._handles.append(module.register_forward_hook(hook, with_kwargs=True))
         return self
@@ -268,23 +268,26 @@ class AttentionRecorder:
     def __exit__(self, *exc: Any) -> None:
         for handle in self._handles:
             handle.remove()
-        for _, _, module in attention_modules(self.model):
-            if isinstance(module, PositionAwareMultiheadAttention):
-                module.keep_attention_maps = False
-                module.last_softmax = None
 
     def _record(self, side: str, layer: int, module: MultiheadAttention, args: Tuple, kwargs: Dict,
                 output: Any) -> None:
-        call = dict(kwargs, need_weights=True, need_head_weights=True, incremental_state=None)
-        with per_head_path(module):
-            _, weights = module.forward(*args, **call)  # heads x batch x queries x keys
         ours = isinstance(module, PositionAwareMultiheadAttention)
-        softmax = module.last_softmax[0] if ours else None
-        self.maps.append(AttentionMap(side, layer, "posattn" if ours else "fairseq",
-                                      weights[:, 0].detach().float(), softmax))
+        call = dict(kwargs, need_weights=True, need_head_weights=True, incremental_state=None)
+        if ours:
+            call["return_softmax_before_transform"] = True
+        with per_head_path(module):
+            _, returned = module.forward(*args, **call)  # heads x batch x queries x keys
+        weights, softmax = returned if ours else (returned, None)  # ours: AttentionWeights
+        self.maps.append(AttentionMap(side, layer, "posattn" if ours else "fairseq", row_0(weights),
+                                      row_0(softmax) if ours else None))
 
     def sorted_maps(self) -> List[AttentionMap]:
         return sorted(self.maps, key=lambda m: (SIDES.index(m.side), m.layer))
+
+
+def row_0(weights: Tensor) -> Tensor:
+    """Batch row 0 of heads x batch x queries x keys weights (heads x queries x keys), detached, fp32."""
+    return weights[:, 0].detach().float()
 
 
 class PositionalRecorder:
@@ -338,19 +341,25 @@ def before_after(term: nn.Module, maps: Sequence[AttentionMap], side: str, layer
                      ticks=(tokens, tokens), panels=("before (S)", "after"), signed=False)]
 
 
+def shown_key(term: nn.Module) -> Tuple[int, ...]:
+    """What a term shows belongs to: the side-wide modules it reads (every layer's T5 term shows the
+    side's one table), else the term itself."""
+    return tuple(id(module) for module in term.side_modules()) or (id(term),)
+
+
 def all_term_quantities(model: nn.Module, maps: Sequence[AttentionMap], tokens: Dict[str, List[str]],
                         positions: Optional[int]) -> List[TermQuantities]:
     """What the position terms of every self-attention layer show, one record per side, layer and
-    method (a term shared by layers, once, at its first layer); ``positions`` defaults to the side's
-    sentence length."""
+    method (a term that reads a side-wide module, once, at the side's first layer); ``positions``
+    defaults to the side's sentence length."""
     found: Dict[Tuple[str, int, str], TermQuantities] = {}
     seen = set()
     for side, layer, module in attention_modules(model):
         if not isinstance(module, PositionAwareMultiheadAttention):
             continue
         n = positions or len(tokens[side])
-        for term in (t for t in kernel_terms(module) if id(t) not in seen):
-            seen.add(id(term))
+        for term in (t for t in kernel_terms(module) if shown_key(t) not in seen):
+            seen.add(shown_key(term))
             quantities = term.inspect(n) + before_after(term, maps, side, layer, tokens[side])
             if quantities:
                 method = method_of(term).name

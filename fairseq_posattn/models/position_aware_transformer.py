@@ -6,6 +6,12 @@ loop over them: the embedding and layer steps are fairseq's, and the batch's
 :class:`~fairseq_posattn.modules.position_context.PositionContext` is built once and passed to
 every layer call as an argument (never stored on a module), so activation checkpointing, FSDP and
 ``torch.compile`` see it on every (re-)entry.
+
+**A side owns what its layers share.** A module that the terms of several layers read (T5's table,
+``LayerSpec.shared``) is registered once, on the side, in ``position_shared``
+(:func:`register_shared`), and the terms read it without registering it: the state dict holds it
+once, as ``{side}.position_shared.{name}``. Weights saved when every layer registered it are
+upgraded when they load (:func:`upgrade_shared`).
 """
 
 from typing import Any, Dict, List, Optional
@@ -19,12 +25,14 @@ from torch import Tensor, nn
 from fairseq_posattn.models.position_options import PositionOptionError, SidePositionOptions
 from fairseq_posattn.models.position_record import PositionOptionsRecord
 from fairseq_posattn.modules.position_context import PositionContext, SequenceTables
+from fairseq_posattn.modules.position_terms.base import PositionTerm
 from fairseq_posattn.modules.position_terms.structural import embeds_tree_depth, relates_tree_positions
 from fairseq_posattn.modules.structural_embedding import StructuralPositionalEmbedding
 from fairseq_posattn.modules.transformer_layer import (
     PositionAwareDecoderLayer,
     PositionAwareEncoderLayer,
 )
+from fairseq_posattn.user_errors import UserError
 
 IncrementalState = Dict[str, Dict[str, Optional[Tensor]]]
 
@@ -62,6 +70,48 @@ def wrap_layer(layer: nn.Module, cfg: Any) -> nn.Module:
     return fsdp_wrap(layer, min_num_params=min_params_to_wrap)
 
 
+def register_shared(side: nn.Module, options: SidePositionOptions) -> None:
+    """Register, once, on ``side`` the modules that its layers' terms share (``options.shared``, filled
+    while the layers were built), as ``side.position_shared``."""
+    side.position_shared = nn.ModuleDict(options.shared)
+
+
+class SharedCopiesDifferError(UserError, ValueError):
+    """Weights from before the side owned a shared module, whose layers hold different copies of it."""
+
+
+def upgrade_shared(side: nn.Module, state_dict: Dict[str, Tensor], name: str) -> None:
+    """Weights saved when every layer registered the side's shared modules (e.g. T5's table under
+    ``layers.{i}.self_attn.additive_terms.{j}.table``): keep the first layer's copy, under
+    ``{name}.position_shared``, after checking that every layer's copy equals it, and drop the others.
+    Each term that reads a side-wide module names its earlier keys (``legacy_keys()``)."""
+    prefix = f"{name}." if name else ""
+    for key, copies in legacy_copies(side, prefix).items():
+        found = [copy for copy in copies if copy in state_dict]
+        if not found:
+            continue
+        first = state_dict[found[0]]
+        for copy in found[1:]:
+            if not torch.equal(state_dict[copy], first):
+                raise SharedCopiesDifferError(
+                    f"the checkpoint's {copy} differs from {found[0]}: these weights were not saved from "
+                    f"one table shared by the layers, so they cannot become the side's {key}")
+        state_dict[key] = first
+        for copy in found:
+            del state_dict[copy]
+
+
+def legacy_copies(side: nn.Module, prefix: str) -> Dict[str, List[str]]:
+    """Each shared module's key -> the keys its layers' copies had, in layer order (from the terms
+    that read a shared module, by their ``legacy_keys()``)."""
+    copies: Dict[str, List[str]] = {}
+    for path, term in side.named_modules():
+        if isinstance(term, PositionTerm):
+            for old, new in term.legacy_keys().items():
+                copies.setdefault(f"{prefix}position_shared.{new}", []).append(f"{prefix}{path}.{old}")
+    return copies
+
+
 class PositionAwareTransformerEncoder(TransformerEncoderBase):
     """fairseq's encoder; its self-attention layers get the ``--encoder-*`` position terms, and its
     input the absolute structural embedding when ``--encoder-structural-positions`` asks for it."""
@@ -72,6 +122,7 @@ class PositionAwareTransformerEncoder(TransformerEncoderBase):
         self._layers_built = 0
         super().__init__(cfg, dictionary, embed_tokens, return_fc=return_fc)
         self.position_record = PositionOptionsRecord(position_options)
+        register_shared(self, position_options)
         self.structural_embedding: Optional[StructuralPositionalEmbedding] = None
         if embeds_tree_depth(position_options):
             if position_options.structural_fusion == "nonlinear" and self.embed_positions is None:
@@ -83,6 +134,11 @@ class PositionAwareTransformerEncoder(TransformerEncoderBase):
             self.structural_embedding = StructuralPositionalEmbedding(
                 embed_tokens.embedding_dim, self.padding_idx, cfg.max_source_positions,
                 position_options.structural_fusion)
+
+    def upgrade_state_dict_named(self, state_dict: Dict[str, Tensor], name: str) -> Dict[str, Tensor]:
+        """fairseq's upgrades, and weights from before the side owned its shared modules."""
+        upgrade_shared(self, state_dict, name)
+        return super().upgrade_state_dict_named(state_dict, name)
 
     def build_encoder_layer(self, cfg: Any) -> nn.Module:
         if not self.position_options.needs_context():
@@ -172,6 +228,12 @@ class PositionAwareTransformerDecoder(TransformerDecoderBase):
         super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn,
                          output_projection=output_projection)
         self.position_record = PositionOptionsRecord(position_options)
+        register_shared(self, position_options)
+
+    def upgrade_state_dict_named(self, state_dict: Dict[str, Tensor], name: str) -> Dict[str, Tensor]:
+        """fairseq's upgrades, and weights from before the side owned its shared modules."""
+        upgrade_shared(self, state_dict, name)
+        return super().upgrade_state_dict_named(state_dict, name)
 
     def build_decoder_layer(self, cfg: Any, no_encoder_attn: bool = False) -> nn.Module:
         if not self.position_options.needs_context():

@@ -31,7 +31,9 @@ from fairseq_posattn.models.position_options import (
 )
 from fairseq_posattn.models.position_aware_transformer import (
     add_layer_wrapping_args,
+    register_shared,
     set_layer_wrapping_defaults,
+    upgrade_shared,
     wrap_layer,
 )
 from fairseq_posattn.models.position_record import PositionOptionsRecord
@@ -127,7 +129,13 @@ class SanTaggerEncoder(FairseqEncoder):
         self.layers = nn.ModuleList(
             wrap_layer(PositionAwareEncoderLayer(cfg, position_options, index), cfg)
             for index in range(args.encoder_layers))
+        register_shared(self, position_options)
         self.layer_norm = LayerNorm(self.output_dim) if args.encoder_normalize_before else None
+
+    def upgrade_state_dict_named(self, state_dict: Dict[str, Tensor], name: str) -> Dict[str, Tensor]:
+        """Weights from before the side owned its layers' shared modules (T5's table)."""
+        upgrade_shared(self, state_dict, name)
+        return state_dict
 
     def _build_position_embedding(self, args: argparse.Namespace) -> Optional[nn.Embedding]:
         if args.position_embedding == "none":

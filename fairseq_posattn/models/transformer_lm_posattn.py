@@ -12,6 +12,7 @@ from typing import Any, Optional
 
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer import TransformerConfig
+from fairseq.modules import LearnedPositionalEmbedding
 from fairseq.models.transformer_lm import (
     TransformerLanguageModel,
     TransformerLanguageModelConfig,
@@ -32,6 +33,7 @@ from fairseq_posattn.models.position_options import (
     SidePositionOptions,
     set_position_defaults,
 )
+from fairseq_posattn.modules.position_terms.base import check_loaded_positions
 
 MAX_POSITIONS_OPTION = "--max-target-positions (default: --tokens-per-sample)"
 
@@ -59,16 +61,39 @@ class PositionAwareTransformerLanguageModel(PosattnHubMixin, TransformerLanguage
         decoder = PositionAwareTransformerDecoder(
             cfg, task.target_dictionary, embed_tokens, options, no_encoder_attn=True
         )
-        score_every_block(task, fixed_limit(options, args))
-        return cls(decoder)
+        limit = fixed_limit(options, args)
+        score_every_block(task, limit)
+        model = cls(decoder)
+        model.fixed_position_limit = limit  # what the hub's score names when a sequence is too long
+        return model
+
+    def upgrade_state_dict_named(self, state_dict, name):
+        """Learned position embeddings of t positions loaded into a model built for another t (a
+        ``max_target_positions`` override) are refused in one line, as the position terms refuse theirs:
+        PyTorch would print a "size mismatch" traceback."""
+        embed = getattr(self.decoder, "embed_positions", None)
+        if isinstance(embed, LearnedPositionalEmbedding):
+            key = f"{name}.decoder.embed_positions.weight" if name else "decoder.embed_positions.weight"
+            loaded, extra = state_dict.get(key), embed.padding_idx + 1  # rows before position 0
+            check_loaded_positions(state_dict, key, embed.weight.shape,
+                                   "the learned position embedding (--decoder-learned-pos)",
+                                   embed.weight.size(0) - extra, loaded.size(0) - extra if loaded is not None else 0)
+        super().upgrade_state_dict_named(state_dict, name)
 
 
 def fixed_limit(options: SidePositionOptions, args: Any) -> Optional[str]:
-    """What ties the model to its t positions (None where only ``max_target_positions`` does)."""
-    tied = [method.name for method in options.methods() if method.needs_max_positions(options)]
+    """What ties the model to its t positions, by flag (None where only ``max_target_positions`` does)."""
+    tied = [method_flags(method, options) for method in options.methods() if method.needs_max_positions(options)]
     if getattr(args, "decoder_learned_pos", False) and not getattr(args, "no_token_positional_embeddings", False):
         tied.insert(0, "learned position embeddings (--decoder-learned-pos)")
     return " and ".join(tied) or None
+
+
+def method_flags(method: Any, options: SidePositionOptions) -> str:
+    """The flag (and value) that switches ``method`` on, e.g. ``--decoder-direct-position relative``."""
+    name = method.options[0].name
+    value = getattr(options, name)
+    return options.flag(name) if value is True else f"{options.flag(name)} {value}"
 
 
 def check_block_fits(options: Any, task: Any) -> None:
@@ -76,9 +101,11 @@ def check_block_fits(options: Any, task: Any) -> None:
     task_cfg = getattr(task, "args", None) or getattr(task, "cfg", None)
     tokens_per_sample = getattr(task_cfg, "tokens_per_sample", None)
     if options.needs_max_positions() and tokens_per_sample is not None and tokens_per_sample > options.max_positions:
+        tied = " and ".join(method_flags(method, options) for method in options.methods()
+                            if method.needs_max_positions(options))
         raise PositionOptionError(
             f"--tokens-per-sample {tokens_per_sample} is longer than the {options.max_positions} "
-            f"positions the decoder's position terms learn: to train, raise --max-target-positions to at "
+            f"positions that {tied} learns: to train, raise --max-target-positions to at "
             f"least {tokens_per_sample}; to evaluate a trained model, use --tokens-per-sample "
             f"{options.max_positions} or less")
 

@@ -42,11 +42,17 @@ context, the module raises.
 
 Precision: the softmax, and every term's sensitive part, run in fp32 and are cast back to the
 model's dtype (``--fp16`` / ``--bf16``), as fairseq's own attention does for its softmax.
+
+**Intermediates are returned, not kept.** An inspection call (``posattn-inspect``) passes
+``return_softmax_before_transform=True``: it takes the explicit path, and the weights it gets back
+are an :class:`AttentionWeights`, the final weights together with the softmax S before the
+post-softmax transform (Dufter et al. 2020, section 2.5: ``A' = ReLU(conv(S))``). The module keeps
+nothing of a call.
 """
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -116,6 +122,21 @@ class PositionTerms:
         )
 
 
+class AttentionWeights(NamedTuple):
+    """What an inspection call returns as its weights (``return_softmax_before_transform=True``), both
+    in fairseq's layout (heads x batch x tgt x src, or averaged over the heads)."""
+
+    #: the weights that multiply V: after the post-softmax transform, as fairseq's call returns them
+    weights: Tensor
+    #: the softmax S before the post-softmax transform (the same tensor as ``weights`` without one)
+    softmax: Tensor
+
+
+def learns(term: PositionTerm) -> bool:
+    """``term`` has learned parameters: its own or those of the side-wide modules it reads."""
+    return any(True for module in (term, *term.side_modules()) for _ in module.parameters())
+
+
 class PositionAwareMultiheadAttention(MultiheadAttention):
     """Self-attention with position terms; see the module docstring for the computation."""
 
@@ -140,10 +161,6 @@ class PositionAwareMultiheadAttention(MultiheadAttention):
         self.temperature = terms.temperature
         self.kernel, self.where = terms.kernel, terms.where
         self._logged_paths: set = set()
-        #: inspection (``posattn-inspect``): keep the last pass's softmax matrix S, before any
-        #: post-softmax transform, in ``last_softmax`` (batch x heads x tgt x src)
-        self.keep_attention_maps = False
-        self.last_softmax: Optional[Tensor] = None
 
     # ----------------------------------------------------------------- projections
     def _project(self, x: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
@@ -183,7 +200,7 @@ class PositionAwareMultiheadAttention(MultiheadAttention):
         if self.needs_matrix():
             return EXPLICIT, "a term needs the attention matrix (convolution or value term)"
         rescales = self.scaling_term is not None or len(self.key_value_terms) > 0
-        learned = any(True for term in self.additive_terms for _ in term.parameters())
+        learned = any(learns(term) for term in self.additive_terms)
         possible = (flex_attention is not None and not decoding and not (self.training and self.dropout_module.p > 0)
                     and (device.type == "cuda" or not torch.is_grad_enabled()))  # no backward on the CPU
         if possible and (self.kernel == "flex" or (device.type == "cuda" and (rescales or learned))):
@@ -211,13 +228,17 @@ class PositionAwareMultiheadAttention(MultiheadAttention):
         attn_mask: Optional[Tensor] = None,
         before_softmax: bool = False,
         need_head_weights: bool = False,
-    ) -> Tuple[Tensor, Optional[Tensor]]:
+        return_softmax_before_transform: bool = False,
+    ) -> Tuple[Tensor, Optional[Union[Tensor, AttentionWeights]]]:
         """fairseq's self-attention call; ``key_padding_mask`` is the batch's :class:`PositionContext`
-        (its padding mask covers every key, the cached ones of incremental decoding included)."""
+        (its padding mask covers every key, the cached ones of incremental decoding included).
+
+        ``return_softmax_before_transform`` (inspection): the weights are asked for, and come back as
+        :class:`AttentionWeights`, with the softmax before the post-softmax transform."""
         if static_kv or before_softmax:
             raise ValueError("position-aware attention is self-attention only (no static_kv/before_softmax)")
         ctx = require_context(key_padding_mask)
-        need_weights = need_weights or need_head_weights
+        need_weights = need_weights or need_head_weights or return_softmax_before_transform
         tgt_len, bsz, _ = query.shape
         check_causality(ctx, attn_mask, tgt_len)
         q, k, v = self._project(query)
@@ -233,12 +254,15 @@ class PositionAwareMultiheadAttention(MultiheadAttention):
 
         path, reason = self.path(need_weights, q.device, decoding=saved_state is not None)
         self._log_path(path, reason)
+        softmax: Optional[Tensor] = None
+        probs: Optional[Tensor] = None
+        rows: Optional[Tensor] = None
         if path == EXPLICIT:
-            out, probs, rows = self._attend_explicitly(q, k, v, ctx, attn_mask, history)
+            out, softmax, probs, rows = self._attend_explicitly(q, k, v, ctx, attn_mask, history)
         elif path == FLEX:
-            out, probs, rows = self._attend_flex(q, k, v, ctx), None, None
+            out = self._attend_flex(q, k, v, ctx)
         else:
-            out, probs, rows = self._attend_fused(q, k, v, ctx, attn_mask), None, None
+            out = self._attend_fused(q, k, v, ctx, attn_mask)
 
         if saved_state is not None:
             saved_state["prev_key"] = k
@@ -249,11 +273,11 @@ class PositionAwareMultiheadAttention(MultiheadAttention):
 
         out = out.permute(2, 0, 1, 3).reshape(tgt_len, bsz, self.embed_dim)
         out = self.out_proj(out)
-        weights: Optional[Tensor] = None
-        if need_weights and probs is not None:
-            weights = probs.transpose(0, 1)  # heads x batch x tgt x src, as fairseq returns
-            if not need_head_weights:
-                weights = weights.mean(dim=0)
+        if not need_weights or probs is None:
+            return out, None
+        weights = fairseq_layout(probs, need_head_weights)
+        if return_softmax_before_transform:
+            return out, AttentionWeights(weights, fairseq_layout(softmax, need_head_weights))
         return out, weights
 
     def _attend_fused(
@@ -300,17 +324,17 @@ class PositionAwareMultiheadAttention(MultiheadAttention):
     def _attend_explicitly(
         self, q: Tensor, k: Tensor, v: Tensor, ctx: PositionContext,
         attn_mask: Optional[Tensor], history: Optional[Tensor],
-    ) -> Tuple[Tensor, Tensor, Optional[Tensor]]:
+    ) -> Tuple[Tensor, Tensor, Tensor, Optional[Tensor]]:
+        """Steps 2-7: the output, the softmax S, the weights that multiply V (S after the post-softmax
+        transform; S itself without one) and the rows to cache for the transform's next step."""
         tgt_len, src_len = q.size(2), k.size(2)
         logits = self.explicit_logits(q, k, ctx, attn_mask)
-        probs = same_dtype(torch.softmax(logits, dim=-1, dtype=at_least_fp32(logits.dtype)), v.dtype)  # as fairseq
+        softmax = same_dtype(torch.softmax(logits, dim=-1, dtype=at_least_fp32(logits.dtype)), v.dtype)  # as fairseq
 
-        rows: Optional[Tensor] = None
-        if self.keep_attention_maps or self.last_softmax is not None:
-            self.last_softmax = probs.detach() if self.keep_attention_maps else None
+        probs, rows = softmax, None
         if self.post_softmax_term is not None:
             # the softmax gave blocked keys zero weight already; padded query rows get zeros too
-            probs = probs.masked_fill(ctx.query_padding_mask(tgt_len)[:, None, :, None], 0.0)
+            probs = softmax.masked_fill(ctx.query_padding_mask(tgt_len)[:, None, :, None], 0.0)
             blocked = ctx.prepared(BlockedEntries(tgt_len, src_len))
             probs, rows = self.post_softmax_term(probs, blocked, ctx, history)
 
@@ -319,7 +343,14 @@ class PositionAwareMultiheadAttention(MultiheadAttention):
         for term in self.key_value_terms:
             if term.values:
                 out.add_(term.value_output(dropped, ctx))
-        return out, probs, rows
+        return out, softmax, probs, rows
+
+
+def fairseq_layout(probs: Tensor, per_head: bool) -> Tensor:
+    """``(batch, heads, tgt, src)`` weights as fairseq returns them: heads x batch x tgt x src, or
+    averaged over the heads."""
+    weights = probs.transpose(0, 1)
+    return weights if per_head else weights.mean(dim=0)
 
 
 def require_context(key_padding_mask: Optional[PositionContext]) -> PositionContext:

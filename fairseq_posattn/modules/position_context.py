@@ -24,13 +24,16 @@ Derived tensors are built once where they cannot change:
 - :class:`SequenceTables` (:meth:`PositionContext.sequence_table`): in incremental decoding, the
   decoder keeps one per sequence in fairseq's incremental state and hands it to the context of every
   step. Terms whose per-step work depends on positions only (a bias row, DA's coefficients, the
-  convolution's filters) build it once for a length bucket (a power of two) and slice it at each
-  step, instead of rebuilding it per step and layer. Used only without gradients and on a side
-  whose token positions are the indices (right padding), where a table is a function of the length.
+  convolution's filters, the rotation angles) build it once for a length bucket (a power of two) and
+  slice it at each step, instead of rebuilding it per step and layer. A table is keyed by what it is
+  built from: the term itself (its parameters, :meth:`PositionTerm.table_key`) and the dtype it is
+  built in, or, for a parameter-free table, its preparation's configuration without the length.
+  Used only without gradients and on a side whose token positions are the indices (right padding),
+  where a table is a function of the length.
 """
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Hashable, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -43,11 +46,12 @@ class SequenceTables:
     """Per-sequence tables of incremental decoding (see the module docstring).
 
     ``capacity`` is the side's maximum number of positions: no table is built beyond it.
-    ``tables`` holds them by key; the decoder keeps that dictionary in fairseq's incremental state,
-    so it lives exactly as long as the sequence's cached keys and values.
+    ``tables`` holds them by key (a tuple of what the table is built from); the decoder keeps that
+    dictionary in fairseq's incremental state, so it lives exactly as long as the sequence's cached
+    keys and values.
     """
 
-    def __init__(self, capacity: int, tables: Dict[str, Tensor]):
+    def __init__(self, capacity: int, tables: Dict[Hashable, Tensor]):
         self.capacity = capacity
         self.tables = tables
 
@@ -57,7 +61,7 @@ class SequenceTables:
         bucket = max(SMALLEST_TABLE, 1 << max(length - 1, 0).bit_length())
         return max(length, min(bucket, self.capacity))
 
-    def get(self, key: str, length: int, build: Callable[[int], Tensor], length_dim: int = -1) -> Tensor:
+    def get(self, key: Hashable, length: int, build: Callable[[int], Tensor], length_dim: int = -1) -> Tensor:
         """The table of ``key``, built by ``build(n)`` for a bucket ``n >= length`` once, and again
         only when a longer sequence outgrows it (its dimension ``length_dim`` counts positions)."""
         table = self.tables.get(key)
@@ -210,7 +214,7 @@ class PositionContext:
         ``tgt_len`` of ``src_len`` tokens)."""
         return self.relative_distances(tgt_len, src_len) < 0
 
-    def sequence_table(self, key: str, length: int, build: Callable[[int], Tensor],
+    def sequence_table(self, key: Hashable, length: int, build: Callable[[int], Tensor],
                        length_dim: int = -1) -> Optional[Tensor]:
         """In incremental decoding, the sequence's table ``key`` for at least ``length`` tokens
         (``build(n)`` makes it for ``n`` tokens, once per sequence; its dimension ``length_dim``
@@ -219,7 +223,7 @@ class PositionContext:
             return None
         return self.tables.get(key, length, build, length_dim)
 
-    def pair_table(self, key: str, tgt_len: int, src_len: int,
+    def pair_table(self, key: Hashable, tgt_len: int, src_len: int,
                    compute: Callable[["PositionContext", int, int], Tensor]) -> Tensor:
         """``compute(ctx, tgt_len, src_len)``, a ``(..., tgt_len, src_len)`` quantity of query and key
         positions alone; in incremental decoding the last ``tgt_len`` of ``src_len`` rows of the

@@ -15,7 +15,7 @@ from posattn_benchmark.readme import README_END, README_START, replace_section, 
 from posattn_benchmark.report import render
 from posattn_benchmark.runner import Runner, logger, measure_prepare
 from posattn_benchmark.variants import (
-    DEFAULT_DECODE_VARIANTS, POSATTN_LM_ARCH, VANILLA_LM_ARCH, VARIANTS_BY_NAME,
+    DEFAULT_DECODE_VARIANTS, POSATTN_LM_ARCH, VANILLA_LM_ARCH, VARIANT_SETS, VARIANTS_BY_NAME, expand_variant_sets,
 )
 from posattn_benchmark.worker import PRECISIONS, worker_main
 
@@ -25,9 +25,11 @@ DEVICES = ("cpu", "cuda")
 def parse_cli(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=posattn_benchmark.__doc__.split("\n\n")[0])
     add = parser.add_argument
-    add("--variants", nargs="+", choices=list(VARIANTS_BY_NAME), metavar="NAME",
+    add("--variants", nargs="+", choices=[*VARIANTS_BY_NAME, *VARIANT_SETS], metavar="NAME",
         help="variants to train, default all (the vanilla baseline always runs): "
-        + ", ".join(VARIANTS_BY_NAME))
+        + ", ".join(VARIANTS_BY_NAME) + "; or a set derived from the registry: each-method (the first "
+        "variant of every method), lm-each-kernel-path (per method, a language-model row for each set of "
+        "CUDA kernel paths its variants take)")
     add("--decode-variants", nargs="*", choices=list(VARIANTS_BY_NAME), metavar="NAME",
         default=list(DEFAULT_DECODE_VARIANTS),
         help="variants whose beam-search speed is compared with vanilla's; the bare flag with no "
@@ -108,6 +110,8 @@ def parse_cli(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         "with torch.profiler in every group, and print each one's most expensive operators")
     add("--worker", metavar="SPEC_JSON", help=argparse.SUPPRESS)
     cli = parser.parse_args(argv)
+    if cli.variants:
+        cli.variants = expand_variant_sets(cli.variants)
     if cli.full:
         cli.malloc = "both"
     if (error := resolve_device(cli)) is not None:

@@ -9,9 +9,9 @@ trees) and the vanilla references are listed here.
 """
 
 from dataclasses import dataclass
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, FrozenSet, List, Mapping, Optional, Tuple
 
-from fairseq_posattn.modules.position_terms.registry import REGISTRY, PositionMethod, variant_flags
+from fairseq_posattn.modules.position_terms.registry import REGISTRY, PositionMethod, variant_flags, variant_label
 
 VANILLA_ARCH = "transformer_iwslt_de_en"
 POSATTN_ARCH = "transformer_posattn_iwslt_de_en"
@@ -67,14 +67,6 @@ STRUCTURAL_SPEED = 0.95
 #: decoding speed bound of every model with decoder terms (incremental decoding, relative to vanilla)
 DECODER_SPEED = 0.90
 
-#: paper-style labels of the registry's variants; a variant without one is labelled by its name
-LABELS: Dict[str, str] = {
-    "direct-absolute": "SAN+P", "direct-relative": "SAN+R", "direct-both-all-layers": "SAN+P+R, all layers",
-    "temperature": "+Temp", "conv-1d": "+Conv", "conv-2d": "+Conv2d", "conv-2d-k5": "+Conv2d (k=5)",
-    "distance-aware": "DA-Transformer", "shaw": "Transformer-RPR", "t5-bias": "T5 relative bias",
-    "alibi": "ALiBi", "rotary": "RoPE",
-}
-
 VANILLA = Variant("vanilla", "Transformer (fairseq)", arch=VANILLA_ARCH)
 VANILLA_LM = Variant("vanilla-lm", "Transformer LM (fairseq)", arch=VANILLA_LM_ARCH)
 #: the baseline that every model of a task is compared with
@@ -96,7 +88,7 @@ def registry_rows(method: PositionMethod) -> List[Tuple[Variant, Target]]:
     decoder, a language-model row (on the decoder), each with its target."""
     rows = []
     for name, values in method.variants.items():
-        label, target = LABELS.get(name, name), method_target(method, name)
+        label, target = variant_label(name), method_target(method, name)
         if "decoder" in method.sides:  # decodes incrementally with its terms
             target = Target(target.time, target.memory, DECODER_SPEED)
         rows.append((Variant(name, label, side_flags(method.sides, values)), target))
@@ -155,3 +147,52 @@ TARGETS: Dict[str, Target] = {variant.name: target for variant, target in ROWS
 #: with decoder terms (every method's decoder variant and SAN+P+R)
 DEFAULT_DECODE_VARIANTS = ("struct-abs", "struct-rel", "struct-both", "dec-san-p-r", "distance-aware",
                            *(name for name in VARIANTS_BY_NAME if name.startswith("lm-") and name != "lm-defaults"))
+
+#: the smallest sizes of a language model whose kernel paths :func:`cuda_training_paths` reads
+TINY_LM_SIZE = ("--decoder-embed-dim", "16", "--decoder-ffn-embed-dim", "32", "--decoder-attention-heads", "2",
+                "--decoder-layers", "1", "--tokens-per-sample", "16")
+
+
+def cuda_training_paths(variant: Variant) -> FrozenSet[str]:
+    """The kernel paths a language-model variant's attention layers take in a CUDA training step, as
+    each layer derives them from its terms' declarations (a tiny model is built on the CPU; nothing runs)."""
+    import torch
+    from fairseq.data import Dictionary
+    from fairseq_posattn.models.building import DictionaryTask, build_model
+    from fairseq_posattn.modules.attention import PositionAwareMultiheadAttention
+
+    dictionary = Dictionary()
+    model = build_model(["--task", LANGUAGE_MODELING, "--arch", variant.arch, *TINY_LM_SIZE, *variant.flags],
+                        DictionaryTask(dictionary, dictionary)).train()
+    return frozenset(layer.path(False, torch.device("cuda"), decoding=False)[0]
+                     for layer in model.modules() if isinstance(layer, PositionAwareMultiheadAttention))
+
+
+def each_method() -> List[str]:
+    """The first declared variant of every registered method (its translation row)."""
+    return [next(iter(method.variants)) for method in REGISTRY.values() if method.variants]
+
+
+def lm_each_kernel_path() -> List[str]:
+    """Per registered method that takes the decoder, the language-model row of the first of its
+    variants to take each set of CUDA kernel paths (e.g. Shaw's with values: explicit; keys only: flex)."""
+    names = []
+    for method in REGISTRY.values():
+        seen = set()
+        for name in method.variants:
+            variant = VARIANTS_BY_NAME.get(f"lm-{name}")
+            if variant is not None and (paths := cuda_training_paths(variant)) not in seen:
+                seen.add(paths)
+                names.append(variant.name)
+    return names
+
+
+#: names ``--variants`` also takes, each standing for the variants it derives from the registry
+VARIANT_SETS: Dict[str, Callable[[], List[str]]] = {"each-method": each_method,
+                                                      "lm-each-kernel-path": lm_each_kernel_path}
+
+
+def expand_variant_sets(names: List[str]) -> List[str]:
+    """``names`` with every name of :data:`VARIANT_SETS` replaced by the variants it stands for."""
+    return [expanded for name in names
+            for expanded in (VARIANT_SETS[name]() if name in VARIANT_SETS else [name])]

@@ -103,6 +103,8 @@ class AlibiMethod(PositionMethod):
     )
     benchmark_target = "additive"
     variants = {"alibi": {"alibi": True}}
+    labels = {"alibi": "ALiBi"}
+    combined = {"alibi": True}
 
     def is_on(self, options: Any) -> bool:
         return options.alibi

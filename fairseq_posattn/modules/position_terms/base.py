@@ -15,7 +15,7 @@ Terms read token geometry from a :class:`~fairseq_posattn.modules.position_conte
 which is built once per batch and shared by every layer.
 """
 
-from typing import Callable, List, Optional, Tuple
+from typing import Callable, Dict, Hashable, List, Optional, Tuple
 
 import torch
 from torch import Tensor, nn
@@ -115,10 +115,20 @@ class PositionTerm(nn.Module):
         None where it has no such form (it needs the whole attention matrix, or changes the values)."""
         return None
 
-    def table_key(self, name: str = "") -> str:
-        """This term's key in the sequence tables of incremental decoding (one entry per module, so
-        a term shared by several layers, as T5's table is, is built once)."""
-        return f"{type(self).__name__}@{id(self):x}{name}"
+    def table_key(self, *built_with: Hashable) -> Tuple[Hashable, ...]:
+        """This term's key in the sequence tables of incremental decoding: the term itself (its
+        parameters) and whatever else the table is built with (e.g. the dtype)."""
+        return (self, *built_with)
+
+    def side_modules(self) -> List[nn.Module]:
+        """The side-wide modules the term reads without registering them (the side registers them
+        once, e.g. T5's table); the kernel and posattn-inspect count them as the term's."""
+        return []
+
+    def legacy_keys(self) -> Dict[str, str]:
+        """State-dict keys of weights the term kept itself in older checkpoints -> their keys under
+        the side's ``position_shared`` (the side upgrades them on load); {} for none."""
+        return {}
 
     def inspect(self, positions: int) -> List[Quantity]:
         """The term's learned quantities over the first ``positions`` positions ([] if none)."""

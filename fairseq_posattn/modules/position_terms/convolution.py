@@ -252,7 +252,7 @@ class ConvolvedAttention1d(PostSoftmaxTransform):
         left_padded = ctx.left_pads is not None
         if left_padded:
             probs = self._shift_columns(probs, ctx, 1)
-        weight = ctx.sequence_table(self.table_key(f":{probs.dtype}"), src_len,
+        weight = ctx.sequence_table(self.table_key(probs.dtype), src_len,
                                     lambda n: self._weights(n, probs.dtype))
         if weight is None:
             weight = self._weights(src_len, probs.dtype)
@@ -303,10 +303,13 @@ class ConvolvedAttentionMethod(PositionMethod):
     )
     benchmark_target = "post_softmax"
     variants = {
-        "conv-1d": {"conv_attention": "1d"},
-        "conv-2d": {"conv_attention": "2d"},
+        "conv-2d": {"conv_attention": "2d"},  # first: the benchmark's one row of the method (scales with length)
         "conv-2d-k5": {"conv_attention": "2d", "conv_attention_kernel": 5},
+        "conv-1d": {"conv_attention": "1d"},
     }
+    labels = {"conv-1d": "+Conv", "conv-2d": "+Conv2d", "conv-2d-k5": "+Conv2d (k=5)"}
+    #: the 2d filter: the 1d one is a second post-softmax transform, one per layer at most
+    combined = {"conv_attention": "2d"}
 
     def is_on(self, options: Any) -> bool:
         return options.conv_attention != "none"

@@ -171,6 +171,9 @@ class DirectPositionMethod(PositionMethod):
         "direct-relative": {"direct_position": "relative"},
         "direct-both-all-layers": {"direct_position": "both", "direct_position_layers": "all"},
     }
+    labels = {"direct-absolute": "SAN+P", "direct-relative": "SAN+R",
+              "direct-both-all-layers": "SAN+P+R, all layers"}
+    combined = {"direct_position": "both"}
 
     def is_on(self, options: Any) -> bool:
         return options.direct_position != "none"

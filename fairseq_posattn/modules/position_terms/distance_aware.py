@@ -82,6 +82,8 @@ class DistanceAwareMethod(PositionMethod):
     )
     benchmark_target = "scaling"
     variants = {"distance-aware": {"distance_aware": True}}
+    labels = {"distance-aware": "DA-Transformer"}
+    combined = {"distance_aware": True}
 
     def is_on(self, options: Any) -> bool:
         return options.distance_aware

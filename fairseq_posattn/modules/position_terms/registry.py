@@ -8,7 +8,8 @@ A :class:`PositionMethod` says everything the rest of the plug-in needs to know 
 - its validation, raising :class:`PositionOptionError` with the option to change;
 - the position terms it builds for one layer of a side (the kernel sorts them by kind);
 - whether it needs t (the side's ``--max-*-positions``), which the side then checks per batch;
-- the variants that the tests and the benchmark build, and the benchmark's ratio target.
+- the variants that the tests and the benchmark build (with their paper-style labels), its options
+  in the all-at-once model the tests build, and the benchmark's ratio target.
 
 What ``posattn-inspect`` shows of a method is said by its terms: each term's ``inspect(positions)``
 returns its learned quantities as :class:`Quantity` records (named arrays with one of a few generic
@@ -68,6 +69,10 @@ class PositionMethod:
     benchmark_target: str = "additive"
     #: variant name -> option values (without the side prefix), built by tests and the benchmark
     variants: Mapping[str, Mapping[str, Any]] = {}
+    #: variant name -> its paper-style label (benchmark rows); a variant without one shows its name
+    labels: Mapping[str, str] = {}
+    #: the method's option values in the all-at-once model of the tests ({}: not in it)
+    combined: Mapping[str, Any] = {}
 
     def is_on(self, options: Any) -> bool:
         """True when the options ask for this method on the side."""
@@ -169,4 +174,21 @@ def all_variants(side: Optional[str] = None) -> Dict[str, Mapping[str, Any]]:
     for method in REGISTRY.values():
         if side is None or side in method.sides:
             found.update(method.variants)
+    return found
+
+
+def variant_label(name: str) -> str:
+    """The paper-style label of a registered variant (its name where its method gives none)."""
+    for method in REGISTRY.values():
+        if name in method.variants:
+            return method.labels.get(name, name)
+    raise KeyError(f"no registered position method has a variant {name!r}")
+
+
+def combined_options(side: Optional[str] = None) -> Dict[str, Any]:
+    """The all-at-once model: every method's ``combined`` option values (of the methods ``side`` takes)."""
+    found: Dict[str, Any] = {}
+    for method in REGISTRY.values():
+        if side is None or side in method.sides:
+            found.update(method.combined)
     return found

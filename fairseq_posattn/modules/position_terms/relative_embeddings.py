@@ -132,6 +132,8 @@ class RelativePositionsMethod(PositionMethod):
     benchmark_target = "key_value"
     variants = {"shaw": {"relative_positions": 3},
                 "shaw-keys-only": {"relative_positions": 3, "relative_positions_keys_only": True}}
+    labels = {"shaw": "Transformer-RPR", "shaw-keys-only": "Transformer-RPR, keys only"}
+    combined = {"relative_positions": 2}
 
     def is_on(self, options: Any) -> bool:
         return options.relative_positions > 0

@@ -76,7 +76,7 @@ class RotaryEmbedding(QueryKeyTransform):
     def forward(self, q: Tensor, k: Tensor, ctx: PositionContext) -> Tuple[Tensor, Tensor]:
         tgt_len, dtype, length = q.size(2), at_least_fp32(q.dtype), ctx.length
         table = ctx.sequence_table(  # incremental decoding: the sequence's angles, sliced per step
-            f"rotary:{self.head_dim}:{dtype}", length,
+            (RotationTables, self.head_dim, dtype), length,
             lambda n: self.tables(PositionContext.unpadded(n, q.device), n, dtype, q.device), length_dim=-2)
         if table is None:
             table = ctx.prepared(RotationTables(self.head_dim, tgt_len, dtype))
@@ -111,6 +111,8 @@ class RotaryMethod(PositionMethod):
     )
     benchmark_target = "additive"
     variants = {"rotary": {"rotary": True}}
+    labels = {"rotary": "RoPE"}
+    combined = {"rotary": True}
 
     def is_on(self, options: Any) -> bool:
         return options.rotary

@@ -8,14 +8,16 @@ buckets are split in two halves, one for keys before the query and one for keys 
 causal side keys are never after the query, so every bucket measures ``i - j >= 0``.
 
 As in T5, the table (``N x heads``) is shared by every layer of a side, and initialised to zero
-here (training starts from plain attention). Our kernel adds it to the 1/sqrt(d_h)-scaled logits
-(T5 itself does not scale its logits): an additive bias like the others, so it stays on the fused
-attention path.
+here (training starts from plain attention). The side owns it: :class:`T5Table` is registered once,
+as ``{side}.position_shared.t5_table`` (the side registers the modules of ``LayerSpec.shared``),
+and each layer's :class:`T5RelativeBias` reads it without registering it. Our kernel adds the bias
+to the 1/sqrt(d_h)-scaled logits (T5 itself does not scale its logits): an additive bias like the
+others, so it stays on the fused attention path.
 """
 
 import math
 from dataclasses import dataclass
-from typing import Any, List
+from typing import Any, Dict, Hashable, List, Tuple
 
 import torch
 from torch import Tensor, nn
@@ -79,15 +81,49 @@ class T5DistanceBuckets(Preparation):
         return relative_buckets(distance, self.num_buckets, self.max_distance, self.bidirectional)
 
 
-class T5RelativeBias(AdditiveLogitBias):
-    """``logits[h, i, j] += table[bucket(i - j), h]``, one table shared by a side's layers."""
+#: the name of T5's table among a side's shared modules: ``{side}.position_shared.t5_table.weight``
+SHARED_TABLE = "t5_table"
 
-    def __init__(self, num_heads: int, num_buckets: int, max_distance: int, bidirectional: bool):
+
+class T5Table(nn.Module):
+    """A side's ``(buckets x heads)`` table, zero at the start; registered once, by the side."""
+
+    def __init__(self, num_buckets: int, num_heads: int):
         super().__init__()
-        self.num_buckets = num_buckets
+        self.weight = nn.Parameter(torch.zeros(num_buckets, num_heads))
+
+
+class T5RelativeBias(AdditiveLogitBias):
+    """``logits[h, i, j] += table[bucket(i - j), h]``, with the table of the layer's side.
+
+    The term holds the side's :class:`T5Table` without registering it and has no state of its own:
+    the table is in the state dict once, under the side, and every layer reads that one parameter.
+    """
+
+    def __init__(self, table: T5Table, max_distance: int, bidirectional: bool):
+        super().__init__()
+        self.num_buckets = table.weight.size(0)
         self.max_distance = max_distance
         self.bidirectional = bidirectional
-        self.table = nn.Parameter(torch.zeros(num_buckets, num_heads))
+        object.__setattr__(self, "side_table", table)  # held, not registered (nn.Module would register it)
+
+    @property
+    def table(self) -> Tensor:
+        """The side's parameter, read at every call (FSDP swaps it for a view of its flat parameter)."""
+        return self.side_table.weight
+
+    def side_modules(self) -> List[nn.Module]:
+        """The side-wide modules the term reads (the kernel and posattn-inspect count them as the term's)."""
+        return [self.side_table]
+
+    def legacy_keys(self) -> Dict[str, str]:
+        """Weights saved when every layer registered the table: its key under the layer's term -> its
+        key under the side's ``position_shared`` (the side upgrades them when they load)."""
+        return {"table": f"{SHARED_TABLE}.weight"}
+
+    def table_key(self, *built_with: Hashable) -> Tuple[Hashable, ...]:
+        """Keyed by the side's table: the side's layers add the same bias, built once per sequence."""
+        return (self.side_table, *built_with)
 
     def forward(self, ctx: PositionContext, tgt_len: int, src_len: int) -> Tensor:
         buckets = ctx.prepared(T5Buckets(self.num_buckets, self.max_distance, self.bidirectional, tgt_len, src_len))
@@ -129,6 +165,8 @@ class T5RelativeBiasMethod(PositionMethod):
     )
     benchmark_target = "additive"
     variants = {"t5-bias": {"t5_relative_bias": 8, "t5_max_distance": 16}}
+    labels = {"t5-bias": "T5 relative bias"}
+    combined = variants["t5-bias"]
 
     def is_on(self, options: Any) -> bool:
         return options.t5_relative_bias > 0
@@ -150,10 +188,10 @@ class T5RelativeBiasMethod(PositionMethod):
                 f"{options.flag('t5_relative_bias')} N; add it or drop the distance option")
 
     def terms(self, options: Any, layer: LayerSpec) -> List[nn.Module]:
-        if self.name not in layer.shared:
-            layer.shared[self.name] = T5RelativeBias(
-                layer.num_heads, options.t5_relative_bias, options.t5_max_distance, not options.causal)
-        return [layer.shared[self.name]]
+        """The layer's term, reading the side's table (made by the first layer, in ``layer.shared``)."""
+        if SHARED_TABLE not in layer.shared:
+            layer.shared[SHARED_TABLE] = T5Table(options.t5_relative_bias, layer.num_heads)
+        return [T5RelativeBias(layer.shared[SHARED_TABLE], options.t5_max_distance, not options.causal)]
 
 
 register(T5RelativeBiasMethod())

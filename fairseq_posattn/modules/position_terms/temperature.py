@@ -49,6 +49,8 @@ class LearnableTemperatureMethod(PositionMethod):
     )
     benchmark_target = "temperature"
     variants = {"temperature": {"learnable_temperature": True}}
+    labels = {"temperature": "+Temp"}
+    combined = {"learnable_temperature": True}
 
     def is_on(self, options: Any) -> bool:
         return options.learnable_temperature

@@ -1,0 +1,317 @@
+#!/usr/bin/env python
+"""Train short, test long: the methods of ``run.sh`` and its results (markdown tables and a PNG).
+
+Two commands (``run.sh`` calls both)::
+
+    python examples/length_extrapolation/extrapolation.py methods [NAME ...]
+    python examples/length_extrapolation/extrapolation.py table --out OUT --methods "..." --seeds "1 2" \\
+        --lengths "64 128 256" --modes "nonoverlapping sliding" --train-length 64 --stride L/2
+
+``methods`` prints one line per method, ``NAME<TAB>FAMILY<TAB>FLAGS``: FAMILY is ``tf``
+(``transformer_lm_posattn``, the recipe adds its sizes) or ``lstm`` (``--arch`` included in FLAGS), FLAGS
+the method's own flags. ``all`` (the default) lists every causal variant the position registry declares
+(``all_variants("decoder")``, each alone, without sequential position embeddings:
+``--no-token-positional-embeddings``), then ``sinusoidal`` (fairseq's default embeddings), ``none`` (no
+position information but the causal mask), ``learned`` (``--decoder-learned-pos``) and the two attentive
+LSTM language models. A name ending in ``+sinusoidal`` (``alibi+sinusoidal``) keeps the sinusoidal
+embeddings beside the method.
+
+``table`` reads ``OUT/logs``: ``train.NAME.seedS.log`` (fairseq-train, with the recipe's ``wall_seconds``)
+and ``eval.NAME.seedS.MODE.LL.log`` (fairseq-eval-lm, with the recipe's ``wall_seconds`` and
+``exit_status``), and writes ``OUT/results.md`` (perplexity per method and evaluation length, mean ± sd
+over seeds, "refuses (limit t)" where the model refused to read the length; the wall time of every
+evaluation), ``OUT/results.json`` (every evaluation's record) and ``OUT/perplexity.png`` (perplexity
+against evaluation length, one line per method, the seeds' range as a band; one panel per mode).
+"""
+
+import argparse
+import json
+import logging
+import os
+import re
+import statistics
+import sys
+from typing import Dict, List, Optional, Sequence, Tuple
+
+#: names the recipe knows besides the registry's variants, in table order
+EXTRA_METHODS = ("sinusoidal", "none", "learned", "attentive_lstm_lm", "positional_attentive_lstm_lm")
+KEEP_SINUSOID = "+sinusoidal"
+MODES = {"nonoverlapping": "non-overlapping windows (--context-window 0)",
+         "sliding": "sliding window (--context-window L - {stride})"}
+
+LOSS_RE = re.compile(r"Loss \(base 2\): ([-+0-9.naif]+), Perplexity: ([-+0-9.naif]+)")
+TOKENS_RE = re.compile(r"Evaluated ([0-9,]+) tokens in ([0-9.]+)s")
+ERROR_RE = re.compile(r"^fairseq-eval-lm: error: (.*)$", re.M)
+#: the limit t in the plugin's refusals of a model tied to its positions (a weight learned for t positions,
+#: a model tied to its t positions, a block longer than the t positions a term learns)
+LIMIT_RE = re.compile(r"(?:learned for|tied to its|longer than the) (\d+) positions")
+WALL_RE = re.compile(r"^wall_seconds ([0-9.]+)", re.M)
+STATUS_RE = re.compile(r"^exit_status (\d+)", re.M)
+PARAMS_RE = re.compile(r"num\. (?:shared )?model params: ([0-9,]+)")
+
+
+# ------------------------------------------------------------------------------------------- methods
+def registry_variants() -> Dict[str, List[str]]:
+    """Every causal variant the registry declares, name -> its ``--decoder-*`` flags."""
+    previous = logging.root.manager.disable
+    logging.disable(logging.WARNING)  # fairseq's import-time notices would read as errors of this listing
+    try:
+        import fairseq_posattn  # noqa: F401  (registers the methods)
+        from fairseq_posattn.modules.position_terms.registry import all_variants, variant_flags
+    finally:
+        logging.disable(previous)
+    return {name: variant_flags("decoder", values) for name, values in all_variants("decoder").items()}
+
+
+def method_line(name: str, variants: Dict[str, List[str]]) -> Tuple[str, str, List[str]]:
+    """``(name, family, flags)`` of one method name (see the module docstring)."""
+    keep = name.endswith(KEEP_SINUSOID)
+    base = name[: -len(KEEP_SINUSOID)] if keep else name
+    if base in variants:
+        return name, "tf", variants[base] + ([] if keep else ["--no-token-positional-embeddings"])
+    if keep:
+        raise ValueError(f"{name}: {KEEP_SINUSOID} goes with a registered variant ({', '.join(variants)})")
+    if base == "sinusoidal":
+        return name, "tf", []
+    if base == "none":
+        return name, "tf", ["--no-token-positional-embeddings"]
+    if base == "learned":
+        return name, "tf", ["--decoder-learned-pos"]
+    if base in ("attentive_lstm_lm", "positional_attentive_lstm_lm"):
+        return name, "lstm", ["--arch", base]
+    raise ValueError(f"unknown method {name!r}: one of {', '.join([*variants, *EXTRA_METHODS])}, "
+                     f"a variant with {KEEP_SINUSOID}, or all")
+
+
+def list_methods(names: Sequence[str]) -> List[Tuple[str, str, List[str]]]:
+    variants = registry_variants()
+    expanded: List[str] = []
+    for name in names or ["all"]:
+        expanded += [*variants, *EXTRA_METHODS] if name == "all" else [name]
+    return [method_line(name, variants) for name in dict.fromkeys(expanded)]
+
+
+# --------------------------------------------------------------------------------------------- results
+def read(path: str) -> Optional[str]:
+    if not os.path.exists(path):
+        return None
+    with open(path, encoding="utf-8", errors="replace") as f:
+        return f.read()
+
+
+def parse_eval(text: Optional[str]) -> Dict:
+    """One evaluation's record: ``status`` (``ok``, ``refused``, ``failed`` or ``missing``), and ``ppl``,
+    ``loss`` (base 2), ``tokens``, ``scoring_seconds`` (fairseq's own timer), ``wall_seconds`` (the whole
+    command), ``limit`` (refused) or ``error`` as found."""
+    if text is None:
+        return {"status": "missing"}
+    record: Dict = {}
+    wall = WALL_RE.findall(text)
+    if wall:
+        record["wall_seconds"] = float(wall[-1])
+    loss = LOSS_RE.findall(text)
+    tokens = TOKENS_RE.findall(text)
+    error = ERROR_RE.findall(text)
+    status = STATUS_RE.findall(text)
+    if loss and tokens and (not status or status[-1] == "0"):
+        record.update(status="ok", loss=float(loss[-1][0]), ppl=2 ** float(loss[-1][0]),
+                      tokens=int(tokens[-1][0].replace(",", "")), scoring_seconds=float(tokens[-1][1]))
+        return record
+    if error:
+        limit = LIMIT_RE.search(error[-1])
+        record.update(status="refused" if limit else "failed", error=error[-1])
+        if limit:
+            record["limit"] = int(limit.group(1))
+        return record
+    lines = [line for line in text.splitlines() if line.strip() and not line.startswith(("wall_seconds", "exit_"))]
+    record.update(status="failed", error=lines[-1] if lines else "empty log")
+    return record
+
+
+def collect(logs: str, methods: Sequence[str], seeds: Sequence[str], modes: Sequence[str],
+            lengths: Sequence[int]) -> List[Dict]:
+    records = []
+    for method in methods:
+        for seed in seeds:
+            train = read(os.path.join(logs, f"train.{method}.seed{seed}.log")) or ""
+            params = PARAMS_RE.findall(train)
+            for mode in modes:
+                for length in lengths:
+                    record = parse_eval(read(os.path.join(logs, f"eval.{method}.seed{seed}.{mode}.L{length}.log")))
+                    record.update(method=method, seed=seed, mode=mode, length=length)
+                    if params:
+                        record["params"] = int(params[0].replace(",", ""))
+                    records.append(record)
+    return records
+
+
+def mean_sd(values: List[float]) -> Tuple[float, float]:
+    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
+
+
+def cell(records: List[Dict]) -> str:
+    """Mean ± sd of the seeds' perplexities; "refuses (limit t)"; "failed"; "" where nothing ran yet."""
+    ok = [r["ppl"] for r in records if r["status"] == "ok"]
+    refused = [r for r in records if r["status"] == "refused"]
+    if ok:
+        mean, sd = mean_sd(ok)
+        text = f"{mean:.1f}" + (f" ± {sd:.1f}" if len(ok) > 1 else "")
+        missing = len(records) - len(ok)
+        return text + (f" ({len(ok)} of {len(records)} seeds)" if missing else "")
+    if refused:
+        return f"refuses (limit {refused[0]['limit']})"
+    if any(r["status"] == "failed" for r in records):
+        return "failed"
+    return ""
+
+
+def markdown(records: List[Dict], methods: Sequence[str], modes: Sequence[str], lengths: Sequence[int],
+             train_length: int, stride: str, seeds: Sequence[str]) -> str:
+    def select(**key) -> List[Dict]:
+        return [r for r in records if all(r[k] == v for k, v in key.items())]
+
+    def header(first: str) -> List[str]:
+        columns = [f"{length} (x{length // train_length})" if length % train_length == 0 else str(length)
+                   for length in lengths]
+        return [f"| {first} | " + " | ".join(columns) + " |", "|---|" + "---|" * len(lengths)]
+
+    out = [f"# Length extrapolation: trained on blocks of {train_length} tokens",
+           "",
+           f"Perplexity of fairseq-eval-lm (every token of the split, base 2 loss -> 2^loss), mean ± sd over "
+           f"seeds {' '.join(seeds)}; \"refuses (limit t)\": the model's parameters are tied to its t positions "
+           f"and it refused the length at start-up. Sliding window: blocks of {stride} scored tokens (the stride), each "
+           f"read after up to L - {stride} earlier tokens.", ""]
+    for mode in modes:
+        out += [f"## {MODES[mode].format(stride=stride)}", ""] + header("method")
+        for method in methods:
+            out.append(f"| {method} | " + " | ".join(cell(select(method=method, mode=mode, length=length))
+                                                     for length in lengths) + " |")
+        out.append("")
+    out += ["## Wall time of each evaluation (seconds: the whole fairseq-eval-lm command / its scoring alone)",
+            "", "Mean over seeds; refusals take the start-up only.", ""]
+    columns = [f"{'non-overlapping' if mode == 'nonoverlapping' else 'sliding'} {length}"
+               for mode in modes for length in lengths]
+    out += ["| method | params | " + " | ".join(columns) + " |", "|---|---|" + "---|" * len(columns)]
+    for method in methods:
+        params = next((r["params"] for r in select(method=method) if "params" in r), None)
+        cells = []
+        for mode in modes:
+            for length in lengths:
+                found = select(method=method, mode=mode, length=length)
+                wall = [r["wall_seconds"] for r in found if "wall_seconds" in r]
+                scoring = [r["scoring_seconds"] for r in found if "scoring_seconds" in r]
+                text = f"{statistics.fmean(wall):.1f}" if wall else ""
+                if scoring:
+                    text += f" / {statistics.fmean(scoring):.1f}"
+                cells.append(text)
+        out.append(f"| {method} | {params if params is not None else ''} | " + " | ".join(cells) + " |")
+    failures = [r for r in records if r["status"] == "failed"]
+    if failures:
+        out += ["", "## Failed evaluations", ""]
+        out += [f"- {r['method']} seed {r['seed']} {r['mode']} L={r['length']}: {r['error']}" for r in failures]
+    return "\n".join(out) + "\n"
+
+
+def plot(records: List[Dict], methods: Sequence[str], modes: Sequence[str], lengths: Sequence[int],
+         train_length: int, stride: str, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    colours = plt.get_cmap("tab20")
+    figure, axes = plt.subplots(1, len(modes), figsize=(6.5 * len(modes), 5.5), squeeze=False, sharey=True)
+    for ax, mode in zip(axes[0], modes):
+        for index, method in enumerate(methods):
+            xs, means, lows, highs = [], [], [], []
+            for length in lengths:
+                ok = [r["ppl"] for r in records
+                      if r["method"] == method and r["mode"] == mode and r["length"] == length and r["status"] == "ok"]
+                if ok:
+                    xs.append(length)
+                    means.append(statistics.fmean(ok))
+                    lows.append(min(ok))
+                    highs.append(max(ok))
+            if not xs:
+                continue
+            colour = colours((2 * index) % 20 + (index // 10) % 2)  # ten dark hues, then their light ones
+            style = "-" if (index // 10) % 2 == 0 else "--"
+            refused = [r["limit"] for r in records if r["method"] == method and r["status"] == "refused"]
+            label = method + (f" (refuses beyond {refused[0]})" if refused else "")
+            ax.plot(xs, means, style, marker="o", markersize=3, color=colour, label=label)
+            if any(high > low for low, high in zip(lows, highs)):
+                ax.fill_between(xs, lows, highs, color=colour, alpha=0.2, linewidth=0)
+        ax.axvline(train_length, color="grey", linestyle=":", linewidth=1)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xticks(list(lengths))
+        ax.set_xticklabels([str(length) for length in lengths])
+        ax.set_xlabel(f"evaluation length L (tokens; trained on {train_length})")
+        ax.set_title(MODES[mode].format(stride=stride))
+    axes[0][0].set_ylabel("perplexity (band: range over seeds)")
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    for ax in axes[0][1:]:
+        more = ax.get_legend_handles_labels()
+        for handle, label in zip(*more):
+            if label not in labels:
+                handles.append(handle)
+                labels.append(label)
+    figure.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8, frameon=False)
+    figure.tight_layout()
+    tmp = path + ".part.png"
+    figure.savefig(tmp, dpi=120, bbox_inches="tight")
+    plt.close(figure)
+    os.replace(tmp, path)
+
+
+def write_atomically(path: str, text: str) -> None:
+    tmp = path + ".part"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+# ------------------------------------------------------------------------------------------------ main
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    methods = commands.add_parser("methods", help="NAME<TAB>FAMILY<TAB>FLAGS per method")
+    methods.add_argument("names", nargs="*", help="method names, or all (the default)")
+    table = commands.add_parser("table", help="results.md, results.json and perplexity.png from the logs")
+    table.add_argument("--out", required=True, help="the recipe's output folder (reads OUT/logs)")
+    table.add_argument("--methods", required=True)
+    table.add_argument("--seeds", required=True)
+    table.add_argument("--lengths", required=True, help="evaluation lengths, e.g. '64 128 256'")
+    table.add_argument("--modes", default="nonoverlapping sliding")
+    table.add_argument("--train-length", type=int, required=True)
+    table.add_argument("--stride", required=True,
+                       help="the sliding window's scored tokens per window: a number, or L/k (L the evaluation length)")
+    args = parser.parse_args(argv)
+
+    if args.command == "methods":
+        try:
+            lines = list_methods([name for arg in args.names for name in arg.split()])
+        except ValueError as error:
+            print(f"extrapolation.py: error: {error}", file=sys.stderr)
+            return 2
+        for name, family, flags in lines:
+            print("\t".join([name, family, " ".join(flags)]))
+        return 0
+
+    names, seeds, modes = args.methods.split(), args.seeds.split(), args.modes.split()
+    lengths = [int(length) for length in args.lengths.split()]
+    unknown = [mode for mode in modes if mode not in MODES]
+    if unknown:
+        print(f"extrapolation.py: error: modes are {' and '.join(MODES)}, got {' '.join(unknown)}", file=sys.stderr)
+        return 2
+    records = collect(os.path.join(args.out, "logs"), names, seeds, modes, lengths)
+    text = markdown(records, names, modes, lengths, args.train_length, args.stride, seeds)
+    write_atomically(os.path.join(args.out, "results.md"), text)
+    write_atomically(os.path.join(args.out, "results.json"), json.dumps(records, indent=1) + "\n")
+    plot(records, names, modes, lengths, args.train_length, args.stride, os.path.join(args.out, "perplexity.png"))
+    sys.stdout.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
