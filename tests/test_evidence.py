@@ -11,6 +11,7 @@ import datetime
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -105,7 +106,7 @@ def test_every_planned_system_has_flags_in_its_recipe(tmp_path):
     assert "--encoder-distance-aware --decoder-distance-aware" in printed
     assert "--encoder-no-token-positional-embeddings --encoder-direct-position both" in printed
     variants = os.path.join(REPO, "examples", "pos_tagging", "variants.sh")
-    tagging = subprocess.run(["bash", "-c", f"source {variants}; echo ${{!VARIANT_FLAGS[@]}}"],
+    tagging = subprocess.run(["bash", "-c", f"source {shlex.quote(variants)}; echo ${{!VARIANT_FLAGS[@]}}"],
                              capture_output=True, text=True, check=True).stdout.split()
     assert set(plan.SYSTEMS["tagging"]) <= set(tagging)
     refused = subprocess.run(["bash", os.path.join(REPO, plan.RECIPES["classification"]), str(tmp_path / "none")],

@@ -4,6 +4,7 @@ recipes on a few real Multi30k lines standing in for their corpora (spaCy instea
 
 import os
 import random
+import shlex
 import subprocess
 from pathlib import Path
 from typing import Dict, List
@@ -205,8 +206,8 @@ def for_each_run(tmp_path, dry_run: int, failing: str) -> subprocess.CompletedPr
     its folder, and the run ``failing`` ("VARIANT SEED") fails."""
     script = f"""
         set -euo pipefail
-        source {REPO}/examples/lib/commands.sh
-        DRY_RUN={dry_run} VARIANTS="pe_add conv" SEEDS="1 2 3" PARALLEL=2 OUT={tmp_path}
+        source {shlex.quote(os.path.join(REPO, "examples", "lib", "commands.sh"))}
+        DRY_RUN={dry_run} VARIANTS="pe_add conv" SEEDS="1 2 3" PARALLEL=2 OUT={shlex.quote(str(tmp_path))}
         one_run() {{
             [[ "$1 $2" != "{failing}" ]] || return 1
             mkdir -p "$OUT/runs/$1"; echo "run $1 $2"; echo "$1 $2" > "$OUT/runs/$1/seed$2"
