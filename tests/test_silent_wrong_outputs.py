@@ -366,5 +366,6 @@ def test_records_rewrite_only_the_repository_the_shared_data_and_home():
     assert "plasma_path='/tmp/plasma'" in rewritten and f"save_dir=/tmp/pytest-of-root/x/{repo.name}/ckpt" in rewritten
     if home != Path("/"):
         assert "cache=~/.cache/x" in rewritten
-    if repo.parent != home:
-        assert f"other={repo.parent}/other/y" in rewritten
+    other = repo.parent / "other" / "y"  # beside the clone: kept, except as any path under the home folder
+    under_home = home != Path("/") and other.is_relative_to(home)
+    assert f"other={'~/' + str(other.relative_to(home)) if under_home else other}" in rewritten
