@@ -366,6 +366,10 @@ def test_records_rewrite_only_the_repository_the_shared_data_and_home():
     assert "plasma_path='/tmp/plasma'" in rewritten and f"save_dir=/tmp/pytest-of-root/x/{repo.name}/ckpt" in rewritten
     if home != Path("/"):
         assert "cache=~/.cache/x" in rewritten
+    environment = Path(sys.prefix)  # the Python environment: relative to the clone, else named
+    shown = (f"{environment.relative_to(repo)}/lib/x" if environment.is_relative_to(repo)
+             else "<python-env>/lib/x")
+    assert f"env={shown}" in without_machine_paths(f"env={environment}/lib/x")
     other = repo.parent / "other" / "y"  # beside the clone: kept, except as any path under the home folder
     under_home = home != Path("/") and other.is_relative_to(home)
     assert f"other={'~/' + str(other.relative_to(home)) if under_home else other}" in rewritten

@@ -24,6 +24,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from typing import Dict, Iterable, List, Mapping, Optional
 
@@ -59,13 +60,15 @@ def is_recorded(run: Run, root: Optional[Path] = None) -> bool:
 
 def without_machine_paths(line: str) -> str:
     """A log line with this machine's paths made relative: the repository's to it, the shared data folder
-    beside it to ``../shared``, the home folder to ``~``.
+    beside it to ``../shared``, the Python environment (where it lies outside the repository, e.g. a
+    worktree run with another clone's ``.venv``) to ``<python-env>``, the home folder to ``~``.
 
     Only these: other paths (``/tmp/plasma`` in fairseq's logged configuration, pytest's temporary folders)
     stay as they are, wherever the clone lies. A path is rewritten only where it starts (after a space, quote,
     ``=`` or the like), not where it merely ends another path.
     """
-    for path, shown in ((REPO, ""), (REPO.parent / "shared", "../shared/"), (Path.home(), "~/")):
+    for path, shown in ((REPO, ""), (REPO.parent / "shared", "../shared/"), (Path(sys.prefix), "<python-env>/"),
+                        (Path.home(), "~/")):
         line = re.sub(rf"(?<![\w./~-]){re.escape(str(path))}/", lambda _: shown, line)
     return line
 
