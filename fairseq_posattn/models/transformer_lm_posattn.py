@@ -8,7 +8,7 @@ and the 1d convolution accept, is ``--max-target-positions`` (by default ``--tok
 """
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, List, Optional
 
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer import TransformerConfig
@@ -83,10 +83,15 @@ class PositionAwareTransformerLanguageModel(PosattnHubMixin, TransformerLanguage
 
 def fixed_limit(options: SidePositionOptions, args: Any) -> Optional[str]:
     """What ties the model to its t positions, by flag (None where only ``max_target_positions`` does)."""
-    tied = [method_flags(method, options) for method in options.methods() if method.needs_max_positions(options)]
+    tied = tied_method_flags(options)
     if getattr(args, "decoder_learned_pos", False) and not getattr(args, "no_token_positional_embeddings", False):
         tied.insert(0, "learned position embeddings (--decoder-learned-pos)")
     return " and ".join(tied) or None
+
+
+def tied_method_flags(options: SidePositionOptions) -> List[str]:
+    """The flags of the methods on the side that keep parameters per position up to t."""
+    return [method_flags(method, options) for method in options.methods() if method.needs_max_positions(options)]
 
 
 def method_flags(method: Any, options: SidePositionOptions) -> str:
@@ -101,8 +106,7 @@ def check_block_fits(options: Any, task: Any) -> None:
     task_cfg = getattr(task, "args", None) or getattr(task, "cfg", None)
     tokens_per_sample = getattr(task_cfg, "tokens_per_sample", None)
     if options.needs_max_positions() and tokens_per_sample is not None and tokens_per_sample > options.max_positions:
-        tied = " and ".join(method_flags(method, options) for method in options.methods()
-                            if method.needs_max_positions(options))
+        tied = " and ".join(tied_method_flags(options))
         raise PositionOptionError(
             f"--tokens-per-sample {tokens_per_sample} is longer than the {options.max_positions} "
             f"positions that {tied} learns: to train, raise --max-target-positions to at "
