@@ -40,7 +40,7 @@ import time
 from pathlib import Path
 from typing import IO, Dict, Iterator, List, Optional, Tuple
 
-from evidence_plan import REPO, SYSTEMS, TASKS, PlanError, Run, Settings, build_plan
+from evidence_plan import REPO, TASKS, PlanError, Run, Settings, build_plan, systems_of
 from records import (attempt_logs, is_recorded, load_settings, next_attempt_log, read_record, record_dir,
                      save_settings, write_record)
 
@@ -517,7 +517,7 @@ def with_recorded_systems(settings: Settings) -> Settings:
     systems to the settings the results page plans from and removes none."""
     recorded = load_settings(settings).systems
     return dataclasses.replace(settings, systems={
-        task: [s for s in SYSTEMS[task] if s in settings.systems[task] or s in recorded.get(task, [])]
+        task: [s for s in systems_of(task) if s in settings.systems[task] or s in recorded.get(task, [])]
         for task in TASKS})
 
 

@@ -13,6 +13,8 @@ Everything is read from the environment (see :class:`Settings`), so that the sam
 plans the same runs.
 """
 
+import functools
+import importlib.util
 import os
 import shlex
 from dataclasses import asdict, dataclass, field
@@ -20,10 +22,11 @@ from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 REPO = Path(__file__).resolve().parents[2]
-TASKS = ("translation", "lm", "tagging", "classification")
+TASKS = ("translation", "lm", "tagging", "classification", "extrapolation")
 SHARED_DATA = REPO.parent / "shared" / "data"  # the recipes' own default: ../shared/data beside the clone
 
-#: system key (the recipe's name for it) -> label, per task, baseline first
+#: system key (the recipe's name for it) -> label, per task, baseline first; the length-extrapolation
+#: task's systems come from its recipe (:func:`systems_of`)
 SYSTEMS: Dict[str, Dict[str, str]] = {
     "translation": {
         "4": "row 4: sequential abs (baseline)", "1": "row 1: no positions", "2": "row 2: structural abs",
@@ -51,7 +54,8 @@ SYSTEMS: Dict[str, Dict[str, str]] = {
         "vanilla": "Transformer", "shaw": "Transformer-RPR", "da": "DA-Transformer", "nopos": "no positions",
     },
 }
-DEFAULT_SEEDS = {"translation": "1 2 3", "lm": "1 2", "tagging": "1 2 3", "classification": "1 2 3 4 5"}
+DEFAULT_SEEDS = {"translation": "1 2 3", "lm": "1 2", "tagging": "1 2 3", "classification": "1 2 3 4 5",
+                 "extrapolation": "1 2 3"}
 TAG_SETS = ("upos", "xpos")
 #: the PTB LSTMs at the short budget (LM_EPOCHS epochs at LM_LSTM_LR: lm_budget), as they were recorded
 LSTM_SYSTEMS = ("lstm_lm", "attentive_lstm_lm", "positional_attentive_lstm_lm")
@@ -64,7 +68,37 @@ AUTHORS_LR = 30.0
 AUTHORS_WEIGHT_DECAY = "1.2e-6"
 AUTHORS_BATCH_SIZE = 32
 RECIPES = {"translation": "examples/multi30k_en_de/run.sh", "lm": "examples/language_model/run_ptb.sh",
-           "tagging": "examples/pos_tagging/run.sh", "classification": "examples/sentence_classification/run.sh"}
+           "tagging": "examples/pos_tagging/run.sh", "classification": "examples/sentence_classification/run.sh",
+           "extrapolation": "examples/length_extrapolation/run.sh"}
+#: length extrapolation: the training length on PTB, the evaluation lengths (its multiples) and the two ways of
+#: reading the split (examples/length_extrapolation/README.md); the recipe's defaults
+EXTRAPOLATION_TRAIN_LENGTH = 64
+EXTRAPOLATION_MULTIPLIERS = (1, 2, 4, 8, 16)  # the default; EXTRAPOLATION_MULTIPLIERS (smoke runs: fewer)
+EXTRAPOLATION_MODES = ("nonoverlapping", "sliding")
+EXTRAPOLATION_REFERENCE = "sinusoidal"
+
+
+@functools.lru_cache(maxsize=None)
+def extrapolation_recipe():  # -> the module examples/length_extrapolation/extrapolation.py
+    path = REPO / "examples" / "length_extrapolation" / "extrapolation.py"
+    spec = importlib.util.spec_from_file_location("extrapolation", path)
+    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module
+
+
+@functools.lru_cache(maxsize=None)
+def _extrapolation_systems() -> Dict[str, str]:
+    names = [name for name, _, _ in extrapolation_recipe().list_methods(["all"])]
+    return {name: name for name in [EXTRAPOLATION_REFERENCE] + [n for n in names if n != EXTRAPOLATION_REFERENCE]}
+
+
+def systems_of(task: str) -> Dict[str, str]:
+    """System key -> label of a task, baseline first: :data:`SYSTEMS`; for ``extrapolation`` the length-extrapolation
+    recipe's methods (``extrapolation.py methods all``: every causal variant of the position registry, a method
+    added to it included, then sinusoidal, none, learned and the attentive LSTMs), sinusoidal, the reference,
+    first. Listing them imports the plugin, so it happens only when asked."""
+    return _extrapolation_systems() if task == "extrapolation" else SYSTEMS[task]
 
 
 class PlanError(ValueError):
@@ -105,6 +139,8 @@ class Settings:
     tagging_patience: int = 3
     tagging_max_epoch: int = 100
     classification_max_update: int = 434
+    extrapolation_max_update: int = 500
+    extrapolation_multipliers: List[int] = field(default_factory=lambda: list(EXTRAPOLATION_MULTIPLIERS))
     max_update: int = 0  # > 0: every run stops after at most this many updates (smoke runs)
     jobs: int = 2
     threads: int = 1
@@ -113,12 +149,14 @@ class Settings:
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> "Settings":
         """``EVIDENCE_OUT`` (default ``evidence-output/`` in the repository), ``TASKS``, ``SEEDS`` (all
-        tasks) or ``TRANSLATION_SEEDS`` / ``LM_SEEDS`` / ``TAGGING_SEEDS`` / ``CLASSIFICATION_SEEDS``,
-        ``TRANSLATION_SYSTEMS`` / ``LM_SYSTEMS`` / ``TAGGING_SYSTEMS`` / ``CLASSIFICATION_SYSTEMS``,
-        ``TAG_SETS``; budgets ``TRANSLATION_MAX_UPDATE``, ``LM_EPOCHS`` (epochs per LSTM language model of the
-        short budget), ``LM_TF_EPOCHS`` (per transformer language model), ``LM_LSTM_LR`` (the short-budget LSTMs'
-        SGD learning rate; the LSTMs at the authors' budget have theirs, fixed: :func:`lm_budget`),
-        ``TAGGING_PATIENCE``, ``TAGGING_MAX_EPOCH``, ``CLASSIFICATION_MAX_UPDATE``, and ``MAX_UPDATE`` (a cap
+        tasks) or ``<TASK>_SEEDS`` (``TRANSLATION_SEEDS``, ``LM_SEEDS``, ``TAGGING_SEEDS``,
+        ``CLASSIFICATION_SEEDS``, ``EXTRAPOLATION_SEEDS``), ``<TASK>_SYSTEMS`` alike, ``TAG_SETS``; budgets
+        ``TRANSLATION_MAX_UPDATE``, ``LM_EPOCHS`` (epochs per LSTM language model of the short budget),
+        ``LM_TF_EPOCHS`` (per transformer language model), ``LM_LSTM_LR`` (the short-budget LSTMs' SGD learning
+        rate; the LSTMs at the authors' budget have theirs, fixed: :func:`lm_budget`),
+        ``TAGGING_PATIENCE``, ``TAGGING_MAX_EPOCH``, ``CLASSIFICATION_MAX_UPDATE``,
+        ``EXTRAPOLATION_MAX_UPDATE`` (updates per length-extrapolation model), ``EXTRAPOLATION_MULTIPLIERS``
+        (its evaluation lengths, multiples of the training length), and ``MAX_UPDATE`` (a cap
         on every run, for smoke runs); ``JOBS`` runs at once, ``THREADS`` CPU threads each; data
         ``MULTI30K_DIR``, ``PTB_DIR``, ``EWT_TRAIN`` + ``EWT_DEV`` (or ``EWT``, the folder), ``SST2``."""
         tasks = _words(env, "TASKS", " ".join(TASKS))
@@ -131,10 +169,10 @@ class Settings:
             if not all(w.isdigit() for w in words) or not words:
                 raise PlanError(f"{task.upper()}_SEEDS / SEEDS must be whole numbers, got {' '.join(words)!r}")
             seeds[task] = [int(w) for w in words]
-            chosen = _words(env, f"{task.upper()}_SYSTEMS", " ".join(SYSTEMS[task]))
-            bad = [s for s in chosen if s not in SYSTEMS[task]]
+            chosen = _words(env, f"{task.upper()}_SYSTEMS", " ".join(systems_of(task)))
+            bad = [s for s in chosen if s not in systems_of(task)]
             if bad:
-                raise PlanError(f"{task.upper()}_SYSTEMS takes {' '.join(SYSTEMS[task])}, got {' '.join(bad)}")
+                raise PlanError(f"{task.upper()}_SYSTEMS takes {' '.join(systems_of(task))}, got {' '.join(bad)}")
             systems[task] = chosen
         tag_sets = _words(env, "TAG_SETS", " ".join(TAG_SETS))
         if any(t not in TAG_SETS for t in tag_sets):
@@ -149,6 +187,8 @@ class Settings:
             tagging_patience=int(_number(env, "TAGGING_PATIENCE", 3)),
             tagging_max_epoch=int(_number(env, "TAGGING_MAX_EPOCH", 100)),
             classification_max_update=int(_number(env, "CLASSIFICATION_MAX_UPDATE", 434)),
+            extrapolation_max_update=max(1, int(_number(env, "EXTRAPOLATION_MAX_UPDATE", 500))),
+            extrapolation_multipliers=_multipliers(env),
             max_update=int(_number(env, "MAX_UPDATE", 0)),
             jobs=max(1, int(_number(env, "JOBS", 2))), threads=max(1, int(_number(env, "THREADS", 1))),
             data=_data(env),
@@ -171,6 +211,13 @@ class Settings:
         if not self.max_update:
             return updates
         return min(updates, self.max_update) if updates else self.max_update
+
+
+def _multipliers(env: Mapping[str, str]) -> List[int]:
+    words = _words(env, "EXTRAPOLATION_MULTIPLIERS", " ".join(map(str, EXTRAPOLATION_MULTIPLIERS)))
+    if not all(w.isdigit() and int(w) > 0 for w in words):
+        raise PlanError(f"EXTRAPOLATION_MULTIPLIERS must be positive whole numbers, got {' '.join(words)!r}")
+    return [int(w) for w in words]
 
 
 def _data(env: Mapping[str, str]) -> Dict[str, str]:
@@ -265,7 +312,7 @@ def build_plan(settings: Settings) -> List[Run]:
     the authors' budget, the longest trainings by far (hours each on a CPU), after all the others, so that a
     runner of the whole plan is not held up by them."""
     builders = {"translation": _translation, "lm": _language_model, "tagging": _tagging,
-                "classification": _classification}
+                "classification": _classification, "extrapolation": _extrapolation}
     runs: List[Run] = []
     for task in settings.tasks:
         runs += builders[task](settings)
@@ -275,7 +322,7 @@ def build_plan(settings: Settings) -> List[Run]:
 def system_labels(settings: Settings, task: str) -> Dict[str, str]:
     """The systems' names on the results page: :data:`SYSTEMS`, the LSTMs of the short budget named with it
     (beside the same models at the authors' budget)."""
-    labels = dict(SYSTEMS[task])
+    labels = dict(systems_of(task))
     if task == "lm":
         for system in LSTM_SYSTEMS:
             labels[system] += f", {settings.lm_epochs} epochs at lr {settings.lm_lstm_lr:g}"
@@ -469,6 +516,54 @@ def _classification(settings: Settings) -> List[Run]:
                 done_when=((run_dir / "validate.log", "valid on 'valid' subset"),)
                 + trained_under(run_dir / "train.log", max_update=settings.capped(settings.classification_max_update)),
                 kept=(Kept("validate.log", run_dir / "validate.log"),)))
+    return runs
+
+
+def extrapolation_lengths(settings: Settings) -> List[int]:
+    return [EXTRAPOLATION_TRAIN_LENGTH * m for m in settings.extrapolation_multipliers]
+
+
+def extrapolation_budget(settings: Settings) -> str:
+    lengths = ", ".join(f"{length:,}" for length in extrapolation_lengths(settings))
+    return (f"PTB as one token stream cut into blocks of {EXTRAPOLATION_TRAIN_LENGTH} tokens; "
+            f"{settings.capped(settings.extrapolation_max_update):,} updates of 32 blocks per model, every method the "
+            "same (transformer_lm_posattn 2 layers x 128, FFN 512, 4 heads; the attentive LSTM LMs 1 layer x 128; "
+            "tied embeddings; dropout 0.1; Adam lr 1e-3, inverse sqrt, 100 warm-up updates); checkpoint_last.pt; "
+            f"fairseq-eval-lm over the whole valid split at L = {lengths} tokens, non-overlapping windows and a "
+            "sliding window of stride L/2")
+
+
+def _extrapolation(settings: Settings) -> List[Run]:
+    """examples/length_extrapolation/run.sh: one preparation (PTB binarized once, ``STEPS=prepare``), then per
+    seed and method one training and its ten evaluations (``DATA_OUT``: the preparation's folder)."""
+    data = settings.out / "extrapolation" / "data"
+    prep = Run(
+        id="extrapolation/data", task="extrapolation", system="", seed=None, group="", out_dir=data,
+        recipe=RECIPES["extrapolation"], args=(),
+        env={**_common(settings, data), "PTB_DIR": settings.data["ptb"], "STEPS": "prepare"},
+        budget="preparation: PTB's three splits as one token stream each, fairseq-preprocess --only-source",
+        done_when=tuple((data / "data-bin" / f"{split}.bin", "") for split in ("train", "valid", "test"))
+        + ((data / "data-bin" / "dict.txt", ""),),
+        kept=(Kept("preprocess.log", data / "logs" / "preprocess.log"),))
+    runs = [prep]
+    updates = settings.capped(settings.extrapolation_max_update)
+    for seed in settings.seeds["extrapolation"]:
+        for system in settings.systems["extrapolation"]:
+            out = settings.out / "extrapolation" / system / f"seed{seed}"
+            logs = out / "logs"
+            train_log = logs / f"train.{system}.seed{seed}.log"
+            evaluations = tuple((logs / f"eval.{system}.seed{seed}.{mode}.L{length}.log", "exit_status")
+                                for mode in EXTRAPOLATION_MODES for length in extrapolation_lengths(settings))
+            runs.append(Run(
+                id=f"extrapolation/{system}/seed{seed}", task="extrapolation", system=system, seed=seed, group="",
+                out_dir=out, recipe=RECIPES["extrapolation"], args=(),
+                env={**_common(settings, out), "DATA_OUT": str(data), "STEPS": "train table", "METHODS": system,
+                     "SEEDS": str(seed), "PARALLEL": "1", "L_TRAIN": str(EXTRAPOLATION_TRAIN_LENGTH),
+                     "MULTIPLIERS": " ".join(map(str, settings.extrapolation_multipliers)),
+                     "MAX_UPDATE": str(updates)},
+                budget=extrapolation_budget(settings), train_log=train_log,
+                done_when=evaluations + ((out / "results.json", ""),) + trained_under(train_log, max_update=updates),
+                depends_on=prep.id, kept=(Kept("results.json", out / "results.json"),)))
     return runs
 
 

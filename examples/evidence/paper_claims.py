@@ -24,6 +24,8 @@ DUFTER_UD = "Dufter et al. 2020, Table 2c (UD v2.2, macro mean over 47 treebanks
 DUFTER_PTB = "Dufter et al. 2020, Table 2b (PTB WSJ test, accuracy)"
 DUFTER_CURVE = "Dufter et al. 2020, Table 2a and Figure 2 (development accuracy during training)"
 WU = "Wu et al. 2021, Table 4 (SST, accuracy, mean of 5 runs)"
+PRESS = ("Press et al. 2022 (ALiBi), Figure 1 (WikiText-103 valid perplexity against the evaluation length, "
+         "non-overlapping windows, models trained on 512 and 1,024 tokens)")
 
 
 @dataclass(frozen=True)
@@ -152,8 +154,34 @@ def _classification() -> List[Claim]:
     ]
 
 
+def extrapolation_metric(mode: str, multiplier: int) -> str:
+    """The perplexity at ``multiplier`` x the training length, read ``mode``-wise (``nonoverlapping``, ``sliding``)."""
+    return f"ppl_{mode}_x{multiplier}"
+
+
+def _extrapolation() -> List[Claim]:
+    """ALiBi's comparison (Press et al. 2022, Figure 1): past the training length the sinusoidal model's perplexity
+    rises steeply, ALiBi's does not; the paper's figure reads the split in non-overlapping windows. Measured only:
+    ALiBi against sinusoidal in the sliding window, every other method against sinusoidal at 16 x."""
+    from evidence_plan import EXTRAPOLATION_MULTIPLIERS, EXTRAPOLATION_REFERENCE, systems_of
+
+    reading = ("sinusoidal position embeddings do not extrapolate: past the training length their perplexity rises "
+               "steeply while ALiBi's stays near its own")
+    longest = EXTRAPOLATION_MULTIPLIERS[-1]
+    claims = [Claim("extrapolation", "alibi", EXTRAPOLATION_REFERENCE, extrapolation_metric("nonoverlapping", m),
+                    source=PRESS, sign=-1, reading=reading) for m in EXTRAPOLATION_MULTIPLIERS[1:]]
+    claims.append(Claim("extrapolation", "alibi", EXTRAPOLATION_REFERENCE, extrapolation_metric("sliding", longest)))
+    claims += [Claim("extrapolation", system, EXTRAPOLATION_REFERENCE, extrapolation_metric("nonoverlapping", longest))
+               for system in systems_of("extrapolation") if system not in ("alibi", EXTRAPOLATION_REFERENCE)]
+    return claims
+
+
 CLAIMS: List[Claim] = _translation() + _language_model() + _tagging() + _classification()
 
 
 def claims_for(task: str, group: str = "") -> List[Claim]:
+    """The claims of a task (and tag set); length extrapolation's are made when asked (listing its methods
+    imports the plugin)."""
+    if task == "extrapolation":
+        return _extrapolation()
     return [claim for claim in CLAIMS if claim.task == task and claim.group == group]

@@ -164,10 +164,14 @@ def save_settings(settings: Settings, root: Optional[Path] = None) -> None:
 
 
 def load_settings(base: Settings, root: Optional[Path] = None) -> Settings:
-    """``base`` (the environment's settings) with the seeds, systems and budgets the records were made under."""
+    """``base`` (the environment's settings) with the seeds, systems and budgets the records were made under (per
+    task: a task without recorded settings keeps the base's)."""
     path = (root or records_root()) / SETTINGS_FILE
     if not path.exists():
         return base
     with open(path, encoding="utf-8") as f:
         saved = json.load(f)
-    return Settings.from_json({**base.to_json(), **saved, "out": str(base.out)})
+    values = base.to_json()
+    for name in ("seeds", "systems"):  # per task: a task added since the records were made keeps the base's
+        saved[name] = {**values[name], **saved.get(name, {})}  # type: ignore[dict-item]
+    return Settings.from_json({**values, **saved, "out": str(base.out)})

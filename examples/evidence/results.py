@@ -23,10 +23,12 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import results_readers as readers
-from evidence_plan import (LSTM_AUTHORS_SYSTEMS, LSTM_SYSTEMS, REPO, SYSTEMS, TASKS, Run, Settings, build_plan,
-                           classification_budget, display, lm_budget, system_labels, tagging_budget,
+from evidence_plan import (EXTRAPOLATION_MODES, EXTRAPOLATION_MULTIPLIERS, EXTRAPOLATION_TRAIN_LENGTH,
+                           LSTM_AUTHORS_SYSTEMS, LSTM_SYSTEMS, REPO, TASKS, Run, Settings, build_plan,
+                           classification_budget, display, extrapolation_budget, extrapolation_lengths,
+                           extrapolation_recipe, lm_budget, system_labels, systems_of, tagging_budget,
                            translation_budget)
-from paper_claims import NO_EFFECT, Claim, claims_for
+from paper_claims import NO_EFFECT, Claim, claims_for, extrapolation_metric
 from records import TRAIN_LOG, read_record, record_dir, records_root
 from records import load_settings as recorded_settings
 
@@ -46,12 +48,19 @@ METRIC_NAMES = {
     "final_accuracy": "final dev accuracy (%)",
     "best_accuracy": "best dev accuracy (%)", "epochs": "epochs", "train_hours": "training h",
 }
-BETTER_SIGN = {"test_ppl": -1, "valid_ppl": -1}  # the sign of Δ when the system is better (default +1)
+EXTRAPOLATION_METRICS = {
+    extrapolation_metric(mode, m): f"valid perplexity at {m} x {EXTRAPOLATION_TRAIN_LENGTH} tokens, "
+                                   f"{'non-overlapping' if mode == 'nonoverlapping' else 'sliding window'}"
+    for mode in EXTRAPOLATION_MODES for m in EXTRAPOLATION_MULTIPLIERS}
+METRIC_NAMES.update(EXTRAPOLATION_METRICS)
+#: the sign of Δ when the system is better (default +1)
+BETTER_SIGN = {"test_ppl": -1, "valid_ppl": -1, **{metric: -1 for metric in EXTRAPOLATION_METRICS}}
 SECTION_TITLES = {
     "translation": "Translation: Multi30k English-German (Wang et al. 2019, Table 1, and sequential methods)",
     "lm": "Language modelling: Penn Treebank (Dagan 2019, Table 1)",
     "tagging": "Part-of-speech tagging: UD English-EWT (Dufter et al. 2020, Table 2)",
     "classification": "Sentence classification: SST-2 (Wu et al. 2021, Table 4)",
+    "extrapolation": "Length extrapolation: train short, test long on PTB (Press et al. 2022, Figure 1)",
 }
 #: per task: the systems table's columns (the first with its per-seed values) and the claims' metrics
 COLUMNS = {
@@ -439,6 +448,42 @@ def section(data: TaskData, settings: Settings, pictures: Pictures, extra_runs: 
     return Section(lines, [(data.task + (f" ({data.group.upper()})" if data.group else ""), r) for r in results])
 
 
+def refused_at(data: TaskData, metric: str) -> set:
+    """The length-extrapolation systems whose finished runs all refused the metric's length."""
+    refused = set()
+    for system in data.systems():
+        runs = [r for r in finished_runs(data) if r.system == system]
+        if runs and all(data.value(system, r.seed, metric) is None for r in runs):  # type: ignore[arg-type]
+            refused.add(system)
+    return refused
+
+
+def extrapolation_section(data: TaskData, settings: Settings, pictures: Pictures, prep: Run) -> Section:
+    """The claims (a measured-only comparison is left out for a method that refuses its length), then the
+    recipe's own tables and picture (examples/length_extrapolation/extrapolation.py) over every finished run."""
+    labels = system_labels(settings, data.task)
+    results = [evaluate(claim, data) for claim in claims_for(data.task)
+               if claim.is_paper_claim or claim.system not in refused_at(data, claim.metric)]
+    lines = CLAIM_HEADER + [claim_row(r, labels) for r in results] + [""]
+    recipe = extrapolation_recipe()
+    evaluations = [entry for run in finished_runs(data) for entry in readers.extrapolation_records(record_dir(run))]
+    methods = [s for s in data.systems() if any(e["method"] == s for e in evaluations)]
+    lengths = extrapolation_lengths(settings)
+    if evaluations:
+        seeds = " ".join(str(s) for s in data.seeds())
+        lines += [f"Mean ± sd over the seeds that finished ({seeds} planned); \"refuses (limit t)\": the model's "
+                  "parameters are tied to its t positions and it refused the length at start-up (nothing scored).", ""]
+        lines += recipe.tables(evaluations, methods, EXTRAPOLATION_MODES, lengths, EXTRAPOLATION_TRAIN_LENGTH, "L/2",
+                               heading="###") + [""]
+        path = pictures.path("extrapolation_perplexity.png")
+        recipe.plot(evaluations, methods, EXTRAPOLATION_MODES, lengths, EXTRAPOLATION_TRAIN_LENGTH, "L/2", str(path))
+        lines += [pictures.link(path, "valid perplexity against evaluation length"), ""]
+    else:
+        lines += ["*(tables and picture appear when runs have finished)*", ""]
+    lines += [wall_line(data), ""] + commands(data, [prep]) + [""]
+    return Section(lines, [(data.task, r) for r in results])
+
+
 def budgets(task: str, settings: Settings) -> List[str]:
     seeds = " ".join(str(s) for s in settings.seeds[task])
     if task == "translation":
@@ -453,6 +498,8 @@ def budgets(task: str, settings: Settings) -> List[str]:
                 f"- Transformers: {lm_budget(settings, 'tf_vanilla')}.", ""]
     elif task == "tagging":
         text = [tagging_budget(settings)]
+    elif task == "extrapolation":
+        text = [extrapolation_budget(settings)]
     else:
         text = [classification_budget(settings)]
     return [f"**Seeds**: {seeds}. **Budget**, the same for every system: " + " ".join(text) + ".", ""]
@@ -502,6 +549,18 @@ INTRO = {
         "update (not selected on dev); the best one is shown beside it. No per-seed significance test (seeds "
         "only). No longer-input classification data set is available offline here (only SST-2), so none was "
         "run.", ""],
+    "extrapolation": [
+        "`examples/length_extrapolation/run.sh` on PTB read as one token stream: every causal method of the plugin "
+        f"(the registry's variants alone, sinusoidal, none, learned, the attentive LSTM LMs) trained on blocks of "
+        f"{EXTRAPOLATION_TRAIN_LENGTH} tokens, then fairseq-eval-lm over every token of the valid split at "
+        "multiples of that length (the budget below), in non-overlapping windows "
+        "(`--context-window 0`, as the paper's Figure 1) and in a sliding window of stride L/2 (each token read "
+        "after L/2 to L - 1 earlier ones, beside the paper's appendix's stride 1). Models tied to their training "
+        "length refuse longer blocks at start-up. Press et al. train far larger models for far longer on "
+        "WikiText-103; their comparison is what is checked, as a direction (ALiBi's perplexity below the "
+        "sinusoidal model's past the training length), the other methods against sinusoidal are measured only. "
+        "No per-seed significance test (seeds only). What each method computes past its training length: "
+        "docs/methods.md, \"Beyond the training length\".", ""],
 }
 
 RULES = [
@@ -549,10 +608,11 @@ def how_made(settings: Settings, finished: int, planned: int) -> List[str]:
         "- **Progress**: `bash examples/evidence/run.sh status`; every run with its status and exact command: "
         "`bash examples/evidence/run.sh plan`; per-run status and wall time of every attempt on this machine: "
         f"`{display(settings.out)}/manifest.json`; each run's recipe output: `recipe.log` in its folder.",
-        "- **Selection and budgets** (environment): `TASKS` (default `translation lm tagging classification`), "
-        "`SEEDS` or `TRANSLATION_SEEDS` / `LM_SEEDS` / `TAGGING_SEEDS` / `CLASSIFICATION_SEEDS`, "
-        "`<TASK>_SYSTEMS`, `TAG_SETS`, `TRANSLATION_MAX_UPDATE`, `LM_EPOCHS` (LSTMs), `LM_TF_EPOCHS` "
-        "(transformers), `LM_LSTM_LR`, `TAGGING_PATIENCE`, `TAGGING_MAX_EPOCH`, `CLASSIFICATION_MAX_UPDATE`, "
+        f"- **Selection and budgets** (environment): `TASKS` (default `{' '.join(TASKS)}`), "
+        "`SEEDS` or `TRANSLATION_SEEDS` / `LM_SEEDS` / `TAGGING_SEEDS` / `CLASSIFICATION_SEEDS` / "
+        "`EXTRAPOLATION_SEEDS`, `<TASK>_SYSTEMS`, `TAG_SETS`, `TRANSLATION_MAX_UPDATE`, `LM_EPOCHS` (LSTMs), "
+        "`LM_TF_EPOCHS` (transformers), `LM_LSTM_LR`, `TAGGING_PATIENCE`, `TAGGING_MAX_EPOCH`, "
+        "`CLASSIFICATION_MAX_UPDATE`, `EXTRAPOLATION_MAX_UPDATE`, "
         "`JOBS` (runs at once, default 2) and `THREADS` (per run, default 1), `EVIDENCE_OUT`, and the data "
         "folders `MULTI30K_DIR`, `PTB_DIR`, `EWT` (or `EWT_TRAIN` and `EWT_DEV`), `SST2` "
         "(`examples/evidence/evidence_plan.py`).", "",
@@ -587,8 +647,8 @@ def load_settings(evidence_out: Optional[str]) -> Settings:
     planned = Settings.from_env(env)
     settings = recorded_settings(planned)
     settings.tasks = list(TASKS)  # every task has its section; those not run show "not run yet"
-    settings.systems = {task: [s for s in SYSTEMS[task] if s in settings.systems.get(task, []) + planned.systems[task]]
-                        for task in TASKS}
+    settings.systems = {task: [s for s in systems_of(task)
+                               if s in settings.systems.get(task, []) + planned.systems[task]] for task in TASKS}
     return settings
 
 
@@ -613,9 +673,15 @@ def build_page(settings: Settings, pictures: Pictures, n_samples: int) -> str:
             elif task == "tagging":
                 read_tagging(data, settings.data["ewt_dev"], n_samples)
                 sections += [f"### {group.upper()}", ""]
+            elif task == "extrapolation":
+                read_simple(data, readers.extrapolation_metrics)
             else:
                 read_simple(data, readers.classification_metrics)
-            result = section(data, settings, pictures, extra)
+            if task == "extrapolation":
+                prep = next(r for r in runs if r.id == "extrapolation/data")
+                result = extrapolation_section(data, settings, pictures, prep)
+            else:
+                result = section(data, settings, pictures, extra)
             sections += result.lines
             claims += result.claims
     head = ["# Results: do the papers' claims hold here?", "",

@@ -11,6 +11,7 @@ first (:func:`records.train_log_lines`): a later validation of the same x replac
 """
 
 import importlib.util
+import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -128,6 +129,22 @@ def classification_metrics(record: Path) -> Dict[str, float]:
     if points:
         metrics["final_accuracy"] = points[-1][1]
     return metrics
+
+
+def extrapolation_records(record: Path) -> List[Dict]:
+    """A length-extrapolation run's evaluations (its ``results.json``: one entry per mode and length, as
+    ``extrapolation.py table`` writes them)."""
+    with open(record / "results.json", encoding="utf-8") as f:
+        return json.load(f)
+
+
+def extrapolation_metrics(record: Path) -> Dict[str, float]:
+    """``ppl_<mode>_x<multiplier>`` of every evaluation that scored the split (refusals have none)."""
+    from evidence_plan import EXTRAPOLATION_TRAIN_LENGTH
+    from paper_claims import extrapolation_metric
+
+    return {extrapolation_metric(r["mode"], r["length"] // EXTRAPOLATION_TRAIN_LENGTH): float(r["ppl"])
+            for r in extrapolation_records(record) if r["status"] == "ok"}
 
 
 # --------------------------------------------------------------------------------- translation

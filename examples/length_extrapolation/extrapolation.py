@@ -167,6 +167,19 @@ def cell(records: List[Dict]) -> str:
 
 def markdown(records: List[Dict], methods: Sequence[str], modes: Sequence[str], lengths: Sequence[int],
              train_length: int, stride: str, seeds: Sequence[str]) -> str:
+    out = [f"# Length extrapolation: trained on blocks of {train_length} tokens",
+           "",
+           f"Perplexity of fairseq-eval-lm (every token of the split, base 2 loss -> 2^loss), mean ± sd over "
+           f"seeds {' '.join(seeds)}; \"refuses (limit t)\": the model's parameters are tied to its t positions "
+           f"and it refused the length at start-up. Sliding window: blocks of {stride} scored tokens (the stride), each "
+           f"read after up to L - {stride} earlier tokens.", ""]
+    return "\n".join(out + tables(records, methods, modes, lengths, train_length, stride)) + "\n"
+
+
+def tables(records: List[Dict], methods: Sequence[str], modes: Sequence[str], lengths: Sequence[int],
+           train_length: int, stride: str, heading: str = "##") -> List[str]:
+    """Markdown lines: per mode the perplexity table (methods x evaluation lengths), then the wall time of every
+    evaluation and the failed ones, each under a ``heading`` (the results page nests them deeper)."""
     def select(**key) -> List[Dict]:
         return [r for r in records if all(r[k] == v for k, v in key.items())]
 
@@ -175,19 +188,14 @@ def markdown(records: List[Dict], methods: Sequence[str], modes: Sequence[str], 
                    for length in lengths]
         return [f"| {first} | " + " | ".join(columns) + " |", "|---|" + "---|" * len(lengths)]
 
-    out = [f"# Length extrapolation: trained on blocks of {train_length} tokens",
-           "",
-           f"Perplexity of fairseq-eval-lm (every token of the split, base 2 loss -> 2^loss), mean ± sd over "
-           f"seeds {' '.join(seeds)}; \"refuses (limit t)\": the model's parameters are tied to its t positions "
-           f"and it refused the length at start-up. Sliding window: blocks of {stride} scored tokens (the stride), each "
-           f"read after up to L - {stride} earlier tokens.", ""]
+    out: List[str] = []
     for mode in modes:
-        out += [f"## {MODES[mode].format(stride=stride)}", ""] + header("method")
+        out += [f"{heading} {MODES[mode].format(stride=stride)}", ""] + header("method")
         for method in methods:
             out.append(f"| {method} | " + " | ".join(cell(select(method=method, mode=mode, length=length))
                                                      for length in lengths) + " |")
         out.append("")
-    out += ["## Wall time of each evaluation (seconds: the whole fairseq-eval-lm command / its scoring alone)",
+    out += [f"{heading} Wall time of each evaluation (seconds: the whole fairseq-eval-lm command / its scoring alone)",
             "", "Mean over seeds; refusals take the start-up only.", ""]
     columns = [f"{'non-overlapping' if mode == 'nonoverlapping' else 'sliding'} {length}"
                for mode in modes for length in lengths]
@@ -207,9 +215,9 @@ def markdown(records: List[Dict], methods: Sequence[str], modes: Sequence[str], 
         out.append(f"| {method} | {params if params is not None else ''} | " + " | ".join(cells) + " |")
     failures = [r for r in records if r["status"] == "failed"]
     if failures:
-        out += ["", "## Failed evaluations", ""]
+        out += ["", f"{heading} Failed evaluations", ""]
         out += [f"- {r['method']} seed {r['seed']} {r['mode']} L={r['length']}: {r['error']}" for r in failures]
-    return "\n".join(out) + "\n"
+    return out
 
 
 def plot(records: List[Dict], methods: Sequence[str], modes: Sequence[str], lengths: Sequence[int],

@@ -34,6 +34,10 @@ PTB_DIR=${PTB_DIR:-$REPO/../shared/data/ptb_lm}   # ../shared next to the reposi
 DATA_DIR=${DATA_DIR:-$PTB_DIR}                    # {ptb.,}{train,valid,test}.txt(.gz) or wiki.{train,valid,test}.tokens
 MAX_LINES=${MAX_LINES:-0}                         # > 0: only the first MAX_LINES lines of each split (smoke runs)
 OUT=${OUT:-$REPO/length-extrapolation-output}     # everything written goes here
+DATA_OUT=${DATA_OUT:-$OUT}                        # where raw/ and data-bin/ lie (made there if missing): one
+                                                  # prepared folder can serve several OUTs
+STEPS=${STEPS:-prepare train table}               # prepare (raw text, binarize), train (each training and its
+                                                  # evaluations), table (results.md/json, the PNG)
 USER_DIR=${USER_DIR:-$REPO/fairseq_posattn}
 PYTHON=${PYTHON:-python}                          # the Python whose fairseq_posattn lists the methods
 METHODS=${METHODS:-all}                           # names or "all" (extrapolation.py methods: every causal
@@ -82,6 +86,10 @@ elif [[ "$SLIDE_STRIDE" =~ ^[0-9]+$ ]] && (( SLIDE_STRIDE >= 1 && SLIDE_STRIDE <
 else
     echo "run.sh: SLIDE_STRIDE must be a number of tokens from 1 to L_TRAIN - 1 ($((L_TRAIN - 1))) or L/k with k >= 2, got '$SLIDE_STRIDE'" >&2; exit 2
 fi
+for step in $STEPS; do
+    [[ "$step" == prepare || "$step" == train || "$step" == table ]] || { echo "run.sh: STEPS are prepare, train and table, got '$step'" >&2; exit 2; }
+done
+has_step() { [[ " $STEPS " == *" $1 "* ]]; }
 for mode in $MODES; do
     [[ "$mode" == nonoverlapping || "$mode" == sliding ]] || { echo "run.sh: MODES are nonoverlapping and sliding, got '$mode'" >&2; exit 2; }
 done
@@ -89,14 +97,14 @@ LENGTHS=()
 for m in $MULTIPLIERS; do LENGTHS+=($((L_TRAIN * m))); done
 split_batch "$BATCH_SIZE" 1 blocks
 
-RAW=$OUT/raw
-DATA=$OUT/data-bin
-(( DRY_RUN )) || mkdir -p "$RAW" "$OUT/logs" "$OUT/checkpoints"
+RAW=$DATA_OUT/raw
+DATA=$DATA_OUT/data-bin
+(( DRY_RUN )) || mkdir -p "$RAW" "$DATA_OUT/logs" "$OUT/logs" "$OUT/checkpoints"
 
 # 1. raw text (decompressed, the first MAX_LINES lines if asked)
 first_lines() { if (( MAX_LINES > 0 )); then sed -n "1,${MAX_LINES}p"; else cat; fi; }  # reads all: no SIGPIPE
 for split in train valid test; do
-    if (( ! DRY_RUN )) && [ ! -s "$RAW/$split.txt" ]; then
+    if has_step prepare && (( ! DRY_RUN )) && [ ! -s "$RAW/$split.txt" ]; then
         src=""
         for candidate in "ptb.$split.txt" "ptb.$split.txt.gz" "$split.txt" "$split.txt.gz" "wiki.$split.tokens"; do
             if [ -f "$DATA_DIR/$candidate" ]; then src="$DATA_DIR/$candidate"; break; fi
@@ -110,11 +118,15 @@ for split in train valid test; do
 done
 
 # 2. binarize (one dictionary, --only-source)
-if [ ! -f "$DATA/dict.txt" ]; then
+if has_step prepare && [ ! -f "$DATA/dict.txt" ]; then
     preprocess=(fairseq-preprocess --only-source --task language_modeling --workers 2
                 --trainpref "$RAW/train.txt" --validpref "$RAW/valid.txt" --testpref "$RAW/test.txt" --destdir "$DATA")
     show "${preprocess[@]}"
-    (( DRY_RUN )) || "${preprocess[@]}" > "$OUT/logs/preprocess.log" 2>&1
+    (( DRY_RUN )) || "${preprocess[@]}" > "$DATA_OUT/logs/preprocess.log" 2>&1
+fi
+has_step train || has_step table || exit 0
+if (( ! DRY_RUN )) && has_step train && [ ! -f "$DATA/dict.txt" ]; then
+    echo "run.sh: no binarized data in $DATA: run the prepare step (STEPS=prepare) for DATA_OUT=$DATA_OUT first" >&2; exit 1
 fi
 
 # 3. the methods and their flags, from the position registry (extrapolation.py methods)
@@ -171,6 +183,8 @@ train_and_evaluate() {
     # a finished training is not run again (fairseq-train would make one more update); an
     # interrupted one resumes from its checkpoint_last.pt
     if ! grep -q "done training" "$log" 2>/dev/null; then
+        # evaluations of an earlier model (an interrupted training, a raised MAX_UPDATE) are made again
+        (( DRY_RUN )) || rm -f "$OUT/logs/eval.$name.seed$seed."*.log
         local sizes=("${TF_SIZES[@]}")
         [ "${FAMILY[$name]}" = lstm ] && sizes=("${LSTM_SIZES[@]}")
         # shellcheck disable=SC2206  # the method's flags are a word list
@@ -196,18 +210,21 @@ train_and_evaluate() {
 }
 
 # 4. train + evaluate, PARALLEL at a time (--dry-run: print, in order)
-running=0
-for name in "${NAMES[@]}"; do
-    for seed in $SEEDS; do
-        if (( DRY_RUN )); then train_and_evaluate "$name" "$seed"; continue; fi
-        ( train_and_evaluate "$name" "$seed" || echo "FAILED $name seed $seed (see $OUT/logs/train.$name.seed$seed.log)" ) &
-        running=$((running + 1))
-        if (( running >= PARALLEL )); then wait -n || true; running=$((running - 1)); fi
+if has_step train; then
+    running=0
+    for name in "${NAMES[@]}"; do
+        for seed in $SEEDS; do
+            if (( DRY_RUN )); then train_and_evaluate "$name" "$seed"; continue; fi
+            ( train_and_evaluate "$name" "$seed" || echo "FAILED $name seed $seed (see $OUT/logs/train.$name.seed$seed.log)" ) &
+            running=$((running + 1))
+            if (( running >= PARALLEL )); then wait -n || true; running=$((running - 1)); fi
+        done
     done
-done
-wait
+    wait
+fi
 
 # 5. table, JSON and PNG
+has_step table || exit 0
 table=("$PYTHON" "$HERE/extrapolation.py" table --out "$OUT" --methods "${NAMES[*]}" --seeds "$SEEDS"
        --lengths "${LENGTHS[*]}" --modes "$MODES" --train-length "$L_TRAIN" --stride "$SLIDE_STRIDE")
 show "${table[@]}"
