@@ -1,11 +1,10 @@
-"""examples/evidence: the plan of the evidence runs (every system of the four comparisons x seeds, each the
+"""examples/evidence: the plan of the evidence runs (every system of the five comparisons x seeds, each the
 existing recipe with its budget; the PTB LSTMs at the short budget as recorded and at the authors' budget, with
 its script and claims), the verdict rule and the tagging bootstrap, the trainings' progress reports, and, on the
-shipped PTB
-sample, a tiny set of runs interrupted by SIGTERM and resumed without redoing its finished runs, their
+shipped PTB sample, a tiny set of runs interrupted by SIGTERM and resumed without redoing its finished runs, their
 records (a fresh output folder, as on another machine, redoes nothing), then the results page generated
-from the records alone; and a raised budget, which trains a recorded run on from its last checkpoint
-instead of recording its old evaluations again."""
+from the records alone; a raised budget, which trains a recorded run on from its last checkpoint
+instead of recording its old evaluations again; and length-extrapolation runs, their records and section."""
 
 import datetime
 import json
@@ -54,12 +53,17 @@ def test_the_plan_has_every_system_of_the_issue_with_its_seeds_and_budget(tmp_pa
     assert {s for _, s, _ in by_task["tagging"]} == {"pe_add", "p_r", "temp", "conv", "conv2d", "pe_con", "san",
                                                     "p_r_zero", "conv_pt", "conv2d_pt"}  # + our earlier inits
     assert {s for _, s, _ in by_task["classification"]} == {"vanilla", "shaw", "da", "nopos"}
+    # length extrapolation: the recipe's methods, every causal variant of the registry among them
+    methods = {s for _, s, _ in by_task["extrapolation"]}
+    assert methods == set(plan.systems_of("extrapolation")) >= {"sinusoidal", "alibi", "rotary", "t5-bias", "none",
+                                                                 "learned", "positional_attentive_lstm_lm"}
     seeds = {task: sorted({seed for _, _, seed in runs_}) for task, runs_ in by_task.items()}
-    assert seeds == {"translation": [1, 2, 3], "lm": [1, 2], "tagging": [1, 2, 3], "classification": [1, 2, 3, 4, 5]}
+    assert seeds == {"translation": [1, 2, 3], "lm": [1, 2], "tagging": [1, 2, 3], "classification": [1, 2, 3, 4, 5],
+                     "extrapolation": [1, 2, 3]}
     assert len(by_task["translation"]) == 13 * 3 and len(by_task["lm"]) == 11 * 2
     assert len(by_task["tagging"]) == 10 * 2 * 3 and len(by_task["classification"]) == 4 * 5
     assert len({run.out_dir for run in runs}) == len(runs)  # every run in its own folder
-    assert len({run.id for run in runs}) == len(runs) == 1 + 39 + 22 + 60 + 20
+    assert len({run.id for run in runs}) == len(runs) == 1 + 39 + 22 + 60 + 20 + 1 + len(methods) * 3
     # the same budget for all the systems of a task, passed to the recipe
     for run in runs:
         assert run.out_dir.is_relative_to(tmp_path) and f"bash {run.recipe}" in run.shell()
@@ -77,9 +81,14 @@ def test_the_plan_has_every_system_of_the_issue_with_its_seeds_and_budget(tmp_pa
             assert run.env["CHECKPOINT"] == "checkpoint_best.pt" and run.env["TAG_COLUMN"] == run.group
         if run.task == "classification":
             assert run.env["MAX_UPDATE"] == "434" and run.env["SEEDS"] == str(run.seed)
+        if run.task == "extrapolation" and run.seed:
+            assert run.env["MAX_UPDATE"] == "500" and run.env["L_TRAIN"] == "64" and run.env["METHODS"] == run.system
+            assert run.env["MULTIPLIERS"] == "1 2 4 8 16" and run.depends_on == "extrapolation/data"
+            assert run.env["DATA_OUT"] == str(tmp_path / "extrapolation" / "data")
+            assert len([path for path, _ in run.done_when if path.name.startswith("eval.")]) == 10
     # every claim names planned systems
-    for claim in paper_claims.CLAIMS:
-        assert {claim.system, claim.reference} <= set(plan.SYSTEMS[claim.task]), claim
+    for claim in paper_claims.CLAIMS + paper_claims.claims_for("extrapolation"):
+        assert {claim.system, claim.reference} <= set(plan.systems_of(claim.task)), claim
 
 
 def test_selection_and_cap_from_the_environment(tmp_path):
@@ -117,6 +126,13 @@ def test_every_planned_system_has_flags_in_its_recipe(tmp_path):
         models = set(re.findall(r"^\s+(\w+)\)\s+echo", f.read(), re.M))
     assert {plan.lm_model(system) for system in plan.SYSTEMS["lm"]} <= models
     assert "lstm_lm_authors" not in models  # a system of the plan, not a model of the recipe
+    methods = " ".join(plan.systems_of("extrapolation"))
+    printed = subprocess.run(["bash", os.path.join(REPO, plan.RECIPES["extrapolation"]), "--dry-run"],
+                             env={**env, "OUT": str(tmp_path), "METHODS": methods, "STEPS": "train",
+                                  "MULTIPLIERS": "1"},
+                             capture_output=True, text=True, check=True).stdout
+    assert printed.count("+ fairseq-train ") == len(methods.split())
+    assert "--decoder-alibi --no-token-positional-embeddings" in printed
 
 
 AUTHORS = {"lstm_lm_authors": "lstm_lm", "attentive_lstm_lm_authors": "attentive_lstm_lm",
@@ -633,3 +649,43 @@ def test_an_interrupted_set_resumes_without_redoing_finished_runs(tiny_runs):
         assert (page_path.parent / "images" / "results" / picture).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert f"(images/results/{picture})" in page
     assert "MODELS=tf_da" in page and "bash examples/language_model/run_ptb.sh" in page
+
+
+@pytest.mark.slow
+def test_length_extrapolation_runs_are_recorded_and_make_their_section(tmp_path):
+    """Three methods (one refusing longer blocks) x 1 seed, 2 updates each, on the PTB sample, evaluated at 64
+    and 128 tokens both ways: their records (results.json, the training log), then the page's section from the
+    records alone: the claim with its per-seed Δ, the recipe's table with the refusal, the picture."""
+    env = {**os.environ, "EVIDENCE_OUT": str(tmp_path / "out"), "EVIDENCE_RECORDS": str(tmp_path / "records"),
+           "TASKS": "extrapolation", "EXTRAPOLATION_SYSTEMS": "sinusoidal alibi direct-absolute",
+           "EXTRAPOLATION_SEEDS": "1", "EXTRAPOLATION_MULTIPLIERS": "1 2", "MAX_UPDATE": "2", "PTB_DIR": PTB_SAMPLE,
+           "JOBS": "2", "THREADS": "1"}
+    ran = subprocess.run([sys.executable, str(EVIDENCE / "evidence.py"), "run", "--no-results"], env=env, cwd=REPO,
+                         capture_output=True, text=True, timeout=900)
+    assert ran.returncode == 0 and "runs: 4 finished" in ran.stdout, ran.stdout[-3000:] + ran.stderr[-3000:]
+    records = tmp_path / "records" / "extrapolation"
+    assert {p.name for p in (records / "data").iterdir()} == {"run.json", "preprocess.log"}
+    ppl = {}
+    for method in ("sinusoidal", "alibi", "direct-absolute"):
+        assert {p.name for p in (records / method / "seed1").iterdir()} == {"run.json", "train.log", "results.json"}
+        evaluations = json.loads((records / method / "seed1" / "results.json").read_text(encoding="utf-8"))
+        assert len(evaluations) == 4 and str(REPO) not in json.dumps(evaluations)
+        ppl[method] = {(e["mode"], e["length"]): e.get("ppl") for e in evaluations}
+    assert ppl["direct-absolute"][("nonoverlapping", 128)] is None  # refused: nothing scored
+    page_path = tmp_path / "page" / "results.md"
+    subprocess.run([sys.executable, str(EVIDENCE / "results.py"), "--evidence-out", str(tmp_path / "elsewhere"),
+                    "--output", str(page_path)], cwd=REPO, check=True, capture_output=True, env=env)
+    page = page_path.read_text(encoding="utf-8")
+    section = page[page.index("Length extrapolation: train short, test long"):]
+    claim = next(line for line in section.splitlines()
+                 if line.startswith("| alibi vs sinusoidal | valid perplexity at 2 x 64 tokens, non-overlapping |"))
+    delta = ppl["alibi"][("nonoverlapping", 128)] - ppl["sinusoidal"][("nonoverlapping", 128)]
+    assert f"s1: {delta:+.2f}" in claim and "lower (text and curves)" in claim and "not run yet" not in claim
+    assert "| shaw vs sinusoidal |" in section  # planned, not run: shown as such
+    assert "| direct-absolute vs sinusoidal |" not in section  # it refuses 16 x 64 tokens: no comparison there
+    table = section[section.index("### non-overlapping windows"):]
+    refusing = next(line for line in table.splitlines() if line.startswith("| direct-absolute | "))
+    assert refusing.endswith(" | refuses (limit 64) |")
+    assert f"| sinusoidal | {ppl['sinusoidal'][('nonoverlapping', 64)]:.1f} | " in table
+    assert (page_path.parent / "images" / "results" / "extrapolation_perplexity.png").read_bytes()[:4] == b"\x89PNG"
+    assert "METHODS=alibi" in section and "STEPS=prepare" in section

@@ -355,7 +355,8 @@ def test_recipe_dry_run_prints_every_command_of_every_method(tmp_path):
 def test_recipe_smoke_run_writes_table_json_and_png_then_resumes(ptb_slice, tmp_path):
     """ALiBi, one seed, evaluated at 16 and 64 tokens both ways on the slice of PTB: results.md (two perplexity
     tables and the wall times), results.json (every evaluation), perplexity.png; run again, nothing is trained or
-    evaluated again and the logs stay as they were."""
+    evaluated again and the logs stay as they were; a training run again redoes its evaluations; another output folder
+    on the same prepared data; unknown steps and unprepared data are refused in one line."""
     out = tmp_path / "out"
     env = {"OUT": str(out), "DATA_DIR": ptb_slice, "METHODS": "alibi", "L_TRAIN": "16", "MULTIPLIERS": "1 4",
            "SLIDE_STRIDE": "8", "MAX_UPDATE": "2", "BATCH_SIZE": "8", "TF_DIM": "16", "TF_FFN": "32",
@@ -381,3 +382,17 @@ def test_recipe_smoke_run_writes_table_json_and_png_then_resumes(ptb_slice, tmp_
     assert not commands(again, "fairseq-train") and not commands(again, "fairseq-eval-lm")
     assert {p.name: p.stat().st_mtime_ns for p in (out / "logs").iterdir()} == logs
     assert (out / "results.md").read_text(encoding="utf-8") == table
+
+    # a training that runs again (its log deleted, as to raise MAX_UPDATE) makes its evaluations again
+    (out / "logs" / "train.alibi.seed1.log").unlink()
+    retrained = recipe({**env, "MAX_UPDATE": "3"}).stdout
+    assert len(commands(retrained, "fairseq-train")) == 1 and len(commands(retrained, "fairseq-eval-lm")) == 4
+    # another output folder on these prepared data (DATA_OUT, as the evidence runner's runs share one)
+    second = recipe({**env, "DATA_OUT": str(out), "OUT": str(tmp_path / "second"), "STEPS": "train"}, "--dry-run")
+    trainings = commands(second.stdout, "fairseq-train")
+    assert not commands(second.stdout, "fairseq-preprocess") and len(trainings) == 1
+    assert trainings[0].startswith(f"+ fairseq-train {out / 'data-bin'} ") and str(tmp_path / "second") in trainings[0]
+    for steps, message in (("bogus", "STEPS are prepare, train and table"), ("train", "run the prepare step")):
+        refused = subprocess.run(["bash", RECIPE], capture_output=True, text=True, cwd=REPO,
+                                 env={**os.environ, **env, "STEPS": steps, "DATA_OUT": str(tmp_path / "none")})
+        assert refused.returncode != 0 and message in refused.stderr.splitlines()[-1], refused.stderr

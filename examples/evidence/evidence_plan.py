@@ -1,4 +1,4 @@
-"""The evidence plan: every run of the four comparisons, each the existing recipe with its settings.
+"""The evidence plan: every run of the five comparisons, each the existing recipe with its settings.
 
 One run = one task, one system, one seed (and for tagging one tag set), in its own output folder
 ``EVIDENCE_OUT/<task>/[<tag set>/]<system>/seed<N>``, made by the task's recipe under ``examples/``
@@ -7,7 +7,7 @@ with fairseq-generate's closing BLEU line, fairseq-eval-lm's perplexity, fairseq
 accuracy) and its training log shows the plan's budget (:func:`trained_under`), and then recorded in
 git with the files its :class:`Kept` entries name (:mod:`records`). Multi30k is prepared once
 (``translation/data``: Moses, BPE, spaCy parse, binarization, structural side data) and shared by its
-runs.
+runs; so is PTB for length extrapolation (``extrapolation/data``: one token stream per split, binarized).
 
 Everything is read from the environment (see :class:`Settings`), so that the same command, run again,
 plans the same runs.
