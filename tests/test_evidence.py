@@ -654,11 +654,11 @@ def test_an_interrupted_set_resumes_without_redoing_finished_runs(tiny_runs):
 @pytest.mark.slow
 def test_length_extrapolation_runs_are_recorded_and_make_their_section(tmp_path):
     """Three methods (one refusing longer blocks) x 1 seed, 2 updates each, on the PTB sample, evaluated at 64
-    and 128 tokens both ways: their records (results.json, the training log), then the page's section from the
+    and 1,024 tokens both ways: their records (results.json, the training log), then the page's section from the
     records alone: the claim with its per-seed Δ, the recipe's table with the refusal, the picture."""
     env = {**os.environ, "EVIDENCE_OUT": str(tmp_path / "out"), "EVIDENCE_RECORDS": str(tmp_path / "records"),
            "TASKS": "extrapolation", "EXTRAPOLATION_SYSTEMS": "sinusoidal alibi direct-absolute",
-           "EXTRAPOLATION_SEEDS": "1", "EXTRAPOLATION_MULTIPLIERS": "1 2", "MAX_UPDATE": "2", "PTB_DIR": PTB_SAMPLE,
+           "EXTRAPOLATION_SEEDS": "1", "EXTRAPOLATION_MULTIPLIERS": "1 16", "MAX_UPDATE": "2", "PTB_DIR": PTB_SAMPLE,
            "JOBS": "2", "THREADS": "1"}
     ran = subprocess.run([sys.executable, str(EVIDENCE / "evidence.py"), "run", "--no-results"], env=env, cwd=REPO,
                          capture_output=True, text=True, timeout=900)
@@ -671,15 +671,15 @@ def test_length_extrapolation_runs_are_recorded_and_make_their_section(tmp_path)
         evaluations = json.loads((records / method / "seed1" / "results.json").read_text(encoding="utf-8"))
         assert len(evaluations) == 4 and str(REPO) not in json.dumps(evaluations)
         ppl[method] = {(e["mode"], e["length"]): e.get("ppl") for e in evaluations}
-    assert ppl["direct-absolute"][("nonoverlapping", 128)] is None  # refused: nothing scored
+    assert ppl["direct-absolute"][("nonoverlapping", 1024)] is None  # refused: nothing scored
     page_path = tmp_path / "page" / "results.md"
     subprocess.run([sys.executable, str(EVIDENCE / "results.py"), "--evidence-out", str(tmp_path / "elsewhere"),
                     "--output", str(page_path)], cwd=REPO, check=True, capture_output=True, env=env)
     page = page_path.read_text(encoding="utf-8")
     section = page[page.index("Length extrapolation: train short, test long"):]
     claim = next(line for line in section.splitlines()
-                 if line.startswith("| alibi vs sinusoidal | valid perplexity at 2 x 64 tokens, non-overlapping |"))
-    delta = ppl["alibi"][("nonoverlapping", 128)] - ppl["sinusoidal"][("nonoverlapping", 128)]
+                 if line.startswith("| alibi vs sinusoidal | valid perplexity at 16 x 64 tokens, non-overlapping |"))
+    delta = ppl["alibi"][("nonoverlapping", 1024)] - ppl["sinusoidal"][("nonoverlapping", 1024)]
     assert f"s1: {delta:+.2f}" in claim and "lower (text and curves)" in claim and "not run yet" not in claim
     assert "| shaw vs sinusoidal |" in section  # planned, not run: shown as such
     assert "| direct-absolute vs sinusoidal |" not in section  # it refuses 16 x 64 tokens: no comparison there

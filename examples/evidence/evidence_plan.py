@@ -19,6 +19,7 @@ import os
 import shlex
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from types import ModuleType
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 REPO = Path(__file__).resolve().parents[2]
@@ -79,7 +80,8 @@ EXTRAPOLATION_REFERENCE = "sinusoidal"
 
 
 @functools.lru_cache(maxsize=None)
-def extrapolation_recipe():  # -> the module examples/length_extrapolation/extrapolation.py
+def extrapolation_recipe() -> ModuleType:
+    """The length-extrapolation recipe's Python half, examples/length_extrapolation/extrapolation.py."""
     path = REPO / "examples" / "length_extrapolation" / "extrapolation.py"
     spec = importlib.util.spec_from_file_location("extrapolation", path)
     module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]

@@ -448,25 +448,17 @@ def section(data: TaskData, settings: Settings, pictures: Pictures, extra_runs: 
     return Section(lines, [(data.task + (f" ({data.group.upper()})" if data.group else ""), r) for r in results])
 
 
-def refused_at(data: TaskData, metric: str) -> set:
-    """The length-extrapolation systems whose finished runs all refused the metric's length."""
-    refused = set()
-    for system in data.systems():
-        runs = [r for r in finished_runs(data) if r.system == system]
-        if runs and all(data.value(system, r.seed, metric) is None for r in runs):  # type: ignore[arg-type]
-            refused.add(system)
-    return refused
-
-
 def extrapolation_section(data: TaskData, settings: Settings, pictures: Pictures, prep: Run) -> Section:
     """The claims (a measured-only comparison is left out for a method that refuses its length), then the
     recipe's own tables and picture (examples/length_extrapolation/extrapolation.py) over every finished run."""
     labels = system_labels(settings, data.task)
+    evaluations = [entry for run in finished_runs(data) for entry in readers.extrapolation_records(record_dir(run))]
+    refused = {(e["method"], extrapolation_metric(e["mode"], e["length"] // EXTRAPOLATION_TRAIN_LENGTH))
+               for e in evaluations if e["status"] == "refused"}  # a model's refusal does not depend on its seed
     results = [evaluate(claim, data) for claim in claims_for(data.task)
-               if claim.is_paper_claim or claim.system not in refused_at(data, claim.metric)]
+               if claim.is_paper_claim or (claim.system, claim.metric) not in refused]
     lines = CLAIM_HEADER + [claim_row(r, labels) for r in results] + [""]
     recipe = extrapolation_recipe()
-    evaluations = [entry for run in finished_runs(data) for entry in readers.extrapolation_records(record_dir(run))]
     methods = [s for s in data.systems() if any(e["method"] == s for e in evaluations)]
     lengths = extrapolation_lengths(settings)
     if evaluations:
