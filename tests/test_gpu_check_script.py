@@ -21,7 +21,7 @@ SCRIPT = str(REPO / "scripts" / "gpu_check.py")
 COLUMNS = ("check", "device", "setting", "result", "numbers")
 
 
-def gpu_check(args: List[str], timeout: float = 600) -> subprocess.CompletedProcess:
+def gpu_check(args: List[str], timeout: float = 1800) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, SCRIPT, *args], capture_output=True, text=True, cwd=REPO,
                           timeout=timeout, env={**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}"
                                                                       f"{os.environ['PATH']}"})
