@@ -370,6 +370,9 @@ def test_records_rewrite_only_the_repository_the_shared_data_and_home():
     shown = (f"{environment.relative_to(repo)}/lib/x" if environment.is_relative_to(repo)
              else "<python-env>/lib/x")
     assert f"env={shown}" in without_machine_paths(f"env={environment}/lib/x")
+    resolved = environment.resolve()  # where a linked environment lies (a worktree's .venv -> a clone's): named too
+    shown = f"{resolved.relative_to(repo)}/lib/x" if resolved.is_relative_to(repo) else "<python-env>/lib/x"
+    assert f"env={shown}" in without_machine_paths(f"env={resolved}/lib/x")
     other = repo.parent / "other" / "y"  # beside the clone: kept, except as any path under the home folder
     under_home = home != Path("/") and other.is_relative_to(home)
     assert f"other={'~/' + str(other.relative_to(home)) if under_home else other}" in rewritten

@@ -61,14 +61,15 @@ def is_recorded(run: Run, root: Optional[Path] = None) -> bool:
 def without_machine_paths(line: str) -> str:
     """A log line with this machine's paths made relative: the repository's to it, the shared data folder
     beside it to ``../shared``, the Python environment (where it lies outside the repository, e.g. a
-    worktree run with another clone's ``.venv``) to ``<python-env>``, the home folder to ``~``.
+    worktree run with another clone's ``.venv``, or with a link to it) to ``<python-env>``, the home folder to ``~``.
 
     Only these: other paths (``/tmp/plasma`` in fairseq's logged configuration, pytest's temporary folders)
     stay as they are, wherever the clone lies. A path is rewritten only where it starts (after a space, quote,
     ``=`` or the like), not where it merely ends another path.
     """
-    for path, shown in ((REPO, ""), (REPO.parent / "shared", "../shared/"), (Path(sys.prefix), "<python-env>/"),
-                        (Path.home(), "~/")):
+    environment = Path(sys.prefix)  # and where it really lies: a linked .venv logs its target in its commands'
+    for path, shown in ((REPO, ""), (REPO.parent / "shared", "../shared/"), (environment, "<python-env>/"),
+                        (environment.resolve(), "<python-env>/"), (Path.home(), "~/")):
         line = re.sub(rf"(?<![\w./~-]){re.escape(str(path))}/", lambda _: shown, line)
     return line
 
