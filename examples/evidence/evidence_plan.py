@@ -76,6 +76,7 @@ RECIPES = {"translation": "examples/multi30k_en_de/run.sh", "lm": "examples/lang
 EXTRAPOLATION_TRAIN_LENGTH = 64
 EXTRAPOLATION_MULTIPLIERS = (1, 2, 4, 8, 16)  # the default; EXTRAPOLATION_MULTIPLIERS (smoke runs: fewer)
 EXTRAPOLATION_MODES = ("nonoverlapping", "sliding")
+EXTRAPOLATION_STRIDE = "L/2"  # the sliding window's scored tokens per window: the recipe's default SLIDE_STRIDE
 EXTRAPOLATION_REFERENCE = "sinusoidal"
 
 
@@ -532,7 +533,7 @@ def extrapolation_budget(settings: Settings) -> str:
             "same (transformer_lm_posattn 2 layers x 128, FFN 512, 4 heads; the attentive LSTM LMs 1 layer x 128; "
             "tied embeddings; dropout 0.1; Adam lr 1e-3, inverse sqrt, 100 warm-up updates); checkpoint_last.pt; "
             f"fairseq-eval-lm over the whole valid split at L = {lengths} tokens, non-overlapping windows and a "
-            "sliding window of stride L/2")
+            f"sliding window of stride {EXTRAPOLATION_STRIDE}")
 
 
 def _extrapolation(settings: Settings) -> List[Run]:

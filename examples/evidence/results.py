@@ -23,8 +23,9 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import results_readers as readers
-from evidence_plan import (EXTRAPOLATION_MODES, EXTRAPOLATION_MULTIPLIERS, EXTRAPOLATION_TRAIN_LENGTH,
-                           LSTM_AUTHORS_SYSTEMS, LSTM_SYSTEMS, REPO, TASKS, Run, Settings, build_plan,
+from evidence_plan import (EXTRAPOLATION_MODES, EXTRAPOLATION_MULTIPLIERS, EXTRAPOLATION_STRIDE,
+                           EXTRAPOLATION_TRAIN_LENGTH, LSTM_AUTHORS_SYSTEMS, LSTM_SYSTEMS, REPO, TASKS, Run, Settings,
+                           build_plan,
                            classification_budget, display, extrapolation_budget, extrapolation_lengths,
                            extrapolation_recipe, lm_budget, system_labels, systems_of, tagging_budget,
                            translation_budget)
@@ -465,10 +466,11 @@ def extrapolation_section(data: TaskData, settings: Settings, pictures: Pictures
         seeds = " ".join(str(s) for s in data.seeds())
         lines += [f"Mean ± sd over the seeds that finished ({seeds} planned); \"refuses (limit t)\": the model's "
                   "parameters are tied to its t positions and it refused the length at start-up (nothing scored).", ""]
-        lines += recipe.tables(evaluations, methods, EXTRAPOLATION_MODES, lengths, EXTRAPOLATION_TRAIN_LENGTH, "L/2",
-                               heading="###") + [""]
+        lines += recipe.tables(evaluations, methods, EXTRAPOLATION_MODES, lengths, EXTRAPOLATION_TRAIN_LENGTH,
+                               EXTRAPOLATION_STRIDE, heading="###") + [""]
         path = pictures.path("extrapolation_perplexity.png")
-        recipe.plot(evaluations, methods, EXTRAPOLATION_MODES, lengths, EXTRAPOLATION_TRAIN_LENGTH, "L/2", str(path))
+        recipe.plot(evaluations, methods, EXTRAPOLATION_MODES, lengths, EXTRAPOLATION_TRAIN_LENGTH,
+                    EXTRAPOLATION_STRIDE, str(path))
         lines += [pictures.link(path, "valid perplexity against evaluation length"), ""]
     else:
         lines += ["*(tables and picture appear when runs have finished)*", ""]
