@@ -76,18 +76,23 @@ RECIPES = {"translation": "examples/multi30k_en_de/run.sh", "lm": "examples/lang
 EXTRAPOLATION_TRAIN_LENGTH = 64
 EXTRAPOLATION_MULTIPLIERS = (1, 2, 4, 8, 16)  # the default; EXTRAPOLATION_MULTIPLIERS (smoke runs: fewer)
 EXTRAPOLATION_MODES = ("nonoverlapping", "sliding")
-EXTRAPOLATION_STRIDE = "L/2"  # the sliding window's scored tokens per window: the recipe's default SLIDE_STRIDE
+EXTRAPOLATION_STRIDE = "L/2"  # the sliding window's scored tokens per window (the recipe's SLIDE_STRIDE)
 EXTRAPOLATION_REFERENCE = "sinusoidal"
+
+
+def recipe_module(name: str, path: str) -> ModuleType:
+    """A recipe's Python module by its path under the repository, loaded under ``name`` (two recipes' modules
+    share a file name)."""
+    spec = importlib.util.spec_from_file_location(name, REPO / path)
+    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module
 
 
 @functools.lru_cache(maxsize=None)
 def extrapolation_recipe() -> ModuleType:
     """The length-extrapolation recipe's Python half, examples/length_extrapolation/extrapolation.py."""
-    path = REPO / "examples" / "length_extrapolation" / "extrapolation.py"
-    spec = importlib.util.spec_from_file_location("extrapolation", path)
-    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
-    spec.loader.exec_module(module)  # type: ignore[union-attr]
-    return module
+    return recipe_module("extrapolation", "examples/length_extrapolation/extrapolation.py")
 
 
 @functools.lru_cache(maxsize=None)
@@ -562,8 +567,8 @@ def _extrapolation(settings: Settings) -> List[Run]:
                 out_dir=out, recipe=RECIPES["extrapolation"], args=(),
                 env={**_common(settings, out), "DATA_OUT": str(data), "STEPS": "train table", "METHODS": system,
                      "SEEDS": str(seed), "PARALLEL": "1", "L_TRAIN": str(EXTRAPOLATION_TRAIN_LENGTH),
-                     "MULTIPLIERS": " ".join(map(str, settings.extrapolation_multipliers)),
-                     "MAX_UPDATE": str(updates)},
+                     "SLIDE_STRIDE": EXTRAPOLATION_STRIDE,
+                     "MULTIPLIERS": " ".join(map(str, settings.extrapolation_multipliers)), "MAX_UPDATE": str(updates)},
                 budget=extrapolation_budget(settings), train_log=train_log,
                 done_when=evaluations + ((out / "results.json", ""),) + trained_under(train_log, max_update=updates),
                 depends_on=prep.id, kept=(Kept("results.json", out / "results.json"),)))

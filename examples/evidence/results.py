@@ -454,7 +454,7 @@ def extrapolation_section(data: TaskData, settings: Settings, pictures: Pictures
     recipe's own tables and picture (examples/length_extrapolation/extrapolation.py) over every finished run."""
     labels = system_labels(settings, data.task)
     evaluations = [entry for run in finished_runs(data) for entry in readers.extrapolation_records(record_dir(run))]
-    refused = {(e["method"], extrapolation_metric(e["mode"], e["length"] // EXTRAPOLATION_TRAIN_LENGTH))
+    refused = {(e["method"], readers.extrapolation_metric_of(e))
                for e in evaluations if e["status"] == "refused"}  # a model's refusal does not depend on its seed
     results = [evaluate(claim, data) for claim in claims_for(data.task)
                if claim.is_paper_claim or (claim.system, claim.metric) not in refused]

@@ -10,17 +10,16 @@ A record's ``train.log`` holds the logs of every attempt of an interrupted and r
 first (:func:`records.train_log_lines`): a later validation of the same x replaces an earlier one.
 """
 
-import importlib.util
 import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from evidence_plan import REPO
+from evidence_plan import EXTRAPOLATION_TRAIN_LENGTH, recipe_module
+from paper_claims import extrapolation_metric
 from records import TRAIN_LOG
 
 from fairseq_posattn.data.generate_output import bleu as corpus_bleu
@@ -32,16 +31,8 @@ TRAIN_SUMMARY = re.compile(r"\| train \| epoch (\d+) \|.*?\| train_wall ([0-9.]+
 BOOTSTRAP_SEED = 12345  # sacrebleu's default resampling seed, for the tagging bootstrap too
 
 
-def _example_module(name: str, path: str) -> ModuleType:
-    """A results_table.py of another recipe (two share the name, so each is loaded under its own)."""
-    spec = importlib.util.spec_from_file_location(name, REPO / path)
-    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
-    spec.loader.exec_module(module)  # type: ignore[union-attr]
-    return module
-
-
-LM_TABLE = _example_module("lm_results_table", "examples/language_model/results_table.py")
-TAGGING_TABLE = _example_module("tagging_results_table", "examples/pos_tagging/results_table.py")
+LM_TABLE = recipe_module("lm_results_table", "examples/language_model/results_table.py")
+TAGGING_TABLE = recipe_module("tagging_results_table", "examples/pos_tagging/results_table.py")
 
 
 def validations(log: Path, x: str) -> Dict[float, Dict[str, float]]:
@@ -138,13 +129,14 @@ def extrapolation_records(record: Path) -> List[Dict]:
         return json.load(f)
 
 
-def extrapolation_metrics(record: Path) -> Dict[str, float]:
-    """``ppl_<mode>_x<multiplier>`` of every evaluation that scored the split (refusals have none)."""
-    from evidence_plan import EXTRAPOLATION_TRAIN_LENGTH
-    from paper_claims import extrapolation_metric
+def extrapolation_metric_of(evaluation: Dict) -> str:
+    """The metric an entry of ``results.json`` measures: ``ppl_<mode>_x<multiplier>``."""
+    return extrapolation_metric(evaluation["mode"], evaluation["length"] // EXTRAPOLATION_TRAIN_LENGTH)
 
-    return {extrapolation_metric(r["mode"], r["length"] // EXTRAPOLATION_TRAIN_LENGTH): float(r["ppl"])
-            for r in extrapolation_records(record) if r["status"] == "ok"}
+
+def extrapolation_metrics(record: Path) -> Dict[str, float]:
+    """The perplexity of every evaluation that scored the split, by metric (refusals have none)."""
+    return {extrapolation_metric_of(r): float(r["ppl"]) for r in extrapolation_records(record) if r["status"] == "ok"}
 
 
 # --------------------------------------------------------------------------------- translation
