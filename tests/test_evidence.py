@@ -651,6 +651,21 @@ def test_an_interrupted_set_resumes_without_redoing_finished_runs(tiny_runs):
     assert "MODELS=tf_da" in page and "bash examples/language_model/run_ptb.sh" in page
 
 
+def test_a_page_of_records_elsewhere_is_written_beside_them_not_over_the_repositorys(tmp_path):
+    """results.py with EVIDENCE_RECORDS naming another folder (a smoke run's, as the runner calls it at its end)
+    and no --output writes results.md inside that folder; docs/results.md and its pictures stay as they are."""
+    page = Path(REPO) / "docs" / "results.md"
+    before = page.read_bytes()
+    pictures_before = sorted((page.parent / "images" / "results").iterdir())
+    env = {**os.environ, "EVIDENCE_RECORDS": str(tmp_path / "records"), "EVIDENCE_OUT": str(tmp_path / "out")}
+    (tmp_path / "records").mkdir()
+    wrote = subprocess.run([sys.executable, str(EVIDENCE / "results.py")], cwd=REPO, env=env, capture_output=True,
+                           text=True, timeout=300)
+    assert wrote.returncode == 0, wrote.stderr[-2000:]
+    assert (tmp_path / "records" / "results.md").read_text(encoding="utf-8").startswith("# Results")
+    assert page.read_bytes() == before and sorted((page.parent / "images" / "results").iterdir()) == pictures_before
+
+
 @pytest.mark.slow
 def test_length_extrapolation_runs_are_recorded_and_make_their_section(tmp_path):
     """Three methods (one refusing longer blocks) x 1 seed, 2 updates each, on the PTB sample, evaluated at 64

@@ -14,7 +14,8 @@ the others (each recipe resumes its fairseq-train from checkpoint_last.pt and sk
 steps), writes ``EVIDENCE_OUT/manifest.json`` atomically after every change, and on SIGTERM or Ctrl-C
 stops its recipes (SIGTERM to each one's process group), marks them interrupted and exits with status
 143 (130). Running the same command again carries on, on this machine or, from the records, on another
-one. When every run has been tried it regenerates docs/results.md (``--no-results`` to skip).
+one. When every run has been tried it regenerates the results page of its records (docs/results.md, or results.md
+inside ``EVIDENCE_RECORDS`` when that names another folder; ``--no-results`` to skip).
 
 ``progress`` reads the trainings' logs: per run the time per epoch as soon as it is known (first an estimate
 from fairseq's updates per second over the first logged updates, then the measured epochs, validation

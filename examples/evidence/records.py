@@ -35,8 +35,20 @@ TRAIN_LOG = "train.log"
 SETTINGS_FILE = "settings.json"
 
 
+REPOSITORY_RECORDS = REPO / "examples" / "evidence" / "records"
+REPOSITORY_PAGE = REPO / "docs" / "results.md"
+
+
 def records_root(env: Mapping[str, str] = os.environ) -> Path:
-    return Path(env.get("EVIDENCE_RECORDS") or REPO / "examples" / "evidence" / "records").resolve()
+    return Path(env.get("EVIDENCE_RECORDS") or REPOSITORY_RECORDS).resolve()
+
+
+def default_page(env: Mapping[str, str] = os.environ) -> Path:
+    """docs/results.md for the repository's records; ``results.md`` inside any other records folder, so that
+    runs recorded elsewhere (``EVIDENCE_RECORDS``: a smoke run, a test) never overwrite the repository's page
+    and its pictures."""
+    root = records_root(env)
+    return REPOSITORY_PAGE if root == REPOSITORY_RECORDS.resolve() else root / "results.md"
 
 
 def record_dir(run: Run, root: Optional[Path] = None) -> Path:

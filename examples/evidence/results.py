@@ -3,6 +3,9 @@
 
     python examples/evidence/results.py [--evidence-out evidence-output] [--output docs/results.md]
 
+With ``EVIDENCE_RECORDS`` naming another records folder the page (and its pictures) is written inside that
+folder unless ``--output`` says otherwise: the repository's page only ever shows the repository's records.
+
 For every claim of :mod:`paper_claims`: the paper's numbers, ours (mean ± sd over the seeds that
 finished, with the budget), the paired bootstrap p-value of each seed against the reference system of
 the same seed where one exists (BLEU, tagging accuracy), and a verdict by the rule written on the
@@ -30,7 +33,7 @@ from evidence_plan import (EXTRAPOLATION_MODES, EXTRAPOLATION_MULTIPLIERS, EXTRA
                            extrapolation_recipe, lm_budget, system_labels, systems_of, tagging_budget,
                            translation_budget)
 from paper_claims import NO_EFFECT, Claim, claims_for, extrapolation_metric
-from records import TRAIN_LOG, read_record, record_dir, records_root
+from records import TRAIN_LOG, default_page, read_record, record_dir, records_root
 from records import load_settings as recorded_settings
 
 from fairseq_posattn.atomic_io import atomic_write
@@ -689,8 +692,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--evidence-out", help="the runs' folder, as the exact commands show it "
                         "(default: EVIDENCE_OUT, else evidence-output/)")
-    parser.add_argument("--output", default=str(REPO / "docs" / "results.md"),
-                        help="the page (default: docs/results.md)")
+    parser.add_argument("--output", default=str(default_page()),
+                        help="the page (default: docs/results.md; with EVIDENCE_RECORDS elsewhere, results.md in "
+                        "that folder)")
     parser.add_argument("--images", help="folder of its pictures (default: images/results/ beside the page)")
     parser.add_argument("--bootstrap-samples", type=int, default=1000,
                         help="paired bootstrap resamples (default: 1000)")
