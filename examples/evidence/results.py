@@ -467,8 +467,7 @@ def extrapolation_section(data: TaskData, settings: Settings, pictures: Pictures
     lengths = extrapolation_lengths(settings)
     if evaluations:
         seeds = " ".join(str(s) for s in data.seeds())
-        lines += [f"Mean ± sd over the seeds that finished ({seeds} planned); \"refuses (limit t)\": the model's "
-                  "parameters are tied to its t positions and it refused the length at start-up (nothing scored).", ""]
+        lines += [f"Mean ± sd over the seeds that finished ({seeds} planned); {recipe.REFUSAL_NOTE}", ""]
         lines += recipe.tables(evaluations, methods, EXTRAPOLATION_MODES, lengths, EXTRAPOLATION_TRAIN_LENGTH,
                                EXTRAPOLATION_STRIDE, heading="###") + [""]
         path = pictures.path("extrapolation_perplexity.png")

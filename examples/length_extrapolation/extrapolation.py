@@ -165,14 +165,18 @@ def cell(records: List[Dict]) -> str:
     return ""
 
 
+#: what a table's refusal cell means (the recipe's results.md and the results page say it alike)
+REFUSAL_NOTE = ("\"refuses (limit t)\": the model's parameters are tied to its t positions and it refused the length "
+                "at start-up (nothing scored).")
+
+
 def markdown(records: List[Dict], methods: Sequence[str], modes: Sequence[str], lengths: Sequence[int],
              train_length: int, stride: str, seeds: Sequence[str]) -> str:
     out = [f"# Length extrapolation: trained on blocks of {train_length} tokens",
            "",
            f"Perplexity of fairseq-eval-lm (every token of the split, base 2 loss -> 2^loss), mean ± sd over "
-           f"seeds {' '.join(seeds)}; \"refuses (limit t)\": the model's parameters are tied to its t positions "
-           f"and it refused the length at start-up. Sliding window: blocks of {stride} scored tokens (the stride), each "
-           f"read after up to L - {stride} earlier tokens.", ""]
+           f"seeds {' '.join(seeds)}; {REFUSAL_NOTE} Sliding window: blocks of {stride} scored tokens (the stride), "
+           f"each read after up to L - {stride} earlier tokens.", ""]
     return "\n".join(out + tables(records, methods, modes, lengths, train_length, stride)) + "\n"
 
 
