@@ -80,8 +80,9 @@ def without_machine_paths(line: str) -> str:
     ``=`` or the like), not where it merely ends another path.
     """
     environment = Path(sys.prefix)  # and where it really lies: a linked .venv logs its target in its commands'
-    for path, shown in ((REPO, ""), (REPO.parent / "shared", "../shared/"), (environment, "<python-env>/"),
-                        (environment.resolve(), "<python-env>/"), (Path.home(), "~/")):
+    rules = {REPO: "", REPO.parent / "shared": "../shared/", environment: "<python-env>/",
+             environment.resolve(): "<python-env>/", Path.home(): "~/"}  # in this order, each path once
+    for path, shown in rules.items():
         line = re.sub(rf"(?<![\w./~-]){re.escape(str(path))}/", lambda _: shown, line)
     return line
 
