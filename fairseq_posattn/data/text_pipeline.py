@@ -14,7 +14,6 @@ import logging
 import os
 from typing import Callable, Iterable, Iterator, List, Optional, Sequence, Tuple
 
-from sacremoses import MosesDetokenizer, MosesTokenizer
 from subword_nmt.apply_bpe import BPE
 from subword_nmt.learn_bpe import learn_bpe as _subword_nmt_learn_bpe
 from tqdm import tqdm
@@ -41,11 +40,15 @@ def moses_tokenizer(lang: str) -> Callable[[str], str]:
     :func:`moses_tokenize_file` (``posattn-prepare-translation``) and ``--tokenizer posattn_moses``
     (fairseq-interactive and the hub, :mod:`fairseq_posattn.data.encoders`) both tokenize with it.
     """
+    from sacremoses import MosesTokenizer  # here, not at the top: importing it costs every fairseq command ~0.5 s
+
     return functools.partial(MosesTokenizer(lang=lang).tokenize, return_str=True, **MOSES_OPTIONS)
 
 
 def moses_detokenizer(lang: str) -> Callable[[str], str]:
     """Moses detokenization of one whitespace-tokenized line of ``lang`` (also unescapes ``&apos;`` etc.)."""
+    from sacremoses import MosesDetokenizer  # as in moses_tokenizer
+
     detokenizer = MosesDetokenizer(lang=lang)
     return lambda line: detokenizer.detokenize(line.split())
 
