@@ -20,7 +20,8 @@
 # (default: 6, all at once, with a GPU; 2 on a CPU, about a day) and THREADS (default 1: on a GPU each
 # training's CPU work is one Python thread) as for the runner; PTB_DIR, EVIDENCE_OUT and MAX_UPDATE (a cap, for
 # a smoke run: its runs are recorded under another budget) as well; RESULTS_PAGE: where the page goes (default
-# docs/results.md; its pictures beside it, in images/results/). Resumable: the same command again skips
+# docs/results.md, or results.md inside EVIDENCE_RECORDS when that names another folder; its pictures beside
+# it, in images/results/). Resumable: the same command again skips
 # the recorded runs and resumes the others from their checkpoint_last.pt (on the same machine; elsewhere they
 # start again). Stop it with kill -TERM <its pid>: the runner stops its trainings and marks them interrupted.
 # SYSTEMS: fewer of the three (a shorter session: "attentive_lstm_lm_authors positional_attentive_lstm_lm_authors"
@@ -35,7 +36,8 @@ DRY_RUN=0
 if [[ "${1:-}" == "--dry-run" ]]; then DRY_RUN=1; shift; fi
 DEST=${1:-}
 POLL=${POLL:-30}
-RESULTS_PAGE=${RESULTS_PAGE:-$REPO/docs/results.md}
+# the page of the records these runs go to: docs/results.md, or results.md inside EVIDENCE_RECORDS elsewhere
+RESULTS_PAGE=${RESULTS_PAGE:-$(cd "$REPO/examples/evidence" && "$PYTHON" -c 'from records import default_page; print(default_page())')}
 
 ALL="lstm_lm_authors attentive_lstm_lm_authors positional_attentive_lstm_lm_authors"
 SYSTEMS=${SYSTEMS:-$ALL}
