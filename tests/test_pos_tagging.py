@@ -275,15 +275,22 @@ def validation_scores(output: str) -> dict:
     return {k: float(v) for k, v in re.findall(r"(\w*accuracy) ([0-9.]+)", line)}
 
 
+@pytest.fixture(scope="module")
+def prepared_ewt(tmp_path_factory) -> str:
+    """The EWT samples through posattn-prepare-tagging, once for the trainings below (they only read it)."""
+    data = str(tmp_path_factory.mktemp("ewt") / "bin")
+    run("posattn-prepare-tagging", ["--train", EWT_TRAIN, "--valid", EWT_DEV, "--destdir", data])
+    return data
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("flags", [
     ["--position-embedding", "add"],
     ["--position-embedding", "none", "--encoder-direct-position", "both"],
     ["--encoder-conv-attention", "1d", "--rmsprop-eps-placement", "inside-root"],
 ])
-def test_prepare_train_validate_tag(tmp_path, flags):
-    data, save = str(tmp_path / "bin"), str(tmp_path / "checkpoints")
-    run("posattn-prepare-tagging", ["--train", EWT_TRAIN, "--valid", EWT_DEV, "--destdir", data])
+def test_prepare_train_validate_tag(tmp_path, prepared_ewt, flags):
+    data, save = prepared_ewt, str(tmp_path / "checkpoints")
     user_dir = os.path.join(REPO, "fairseq_posattn")
     train = run("fairseq-train", [
         data, "--user-dir", user_dir, "--task", "pos_tagging", "--criterion", "pos_tagging",
