@@ -27,9 +27,8 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import results_readers as readers
 from evidence_plan import (EXTRAPOLATION_MODES, EXTRAPOLATION_MULTIPLIERS, EXTRAPOLATION_STRIDE,
-                           EXTRAPOLATION_TRAIN_LENGTH, LSTM_AUTHORS_SYSTEMS, LSTM_SYSTEMS, REPO, TASKS, Run, Settings,
-                           build_plan,
-                           classification_budget, display, extrapolation_budget, extrapolation_lengths,
+                           EXTRAPOLATION_TRAIN_LENGTH, LSTM_AUTHORS_SYSTEMS, LSTM_SYSTEMS, TASKS, Run, Settings,
+                           build_plan, classification_budget, display, extrapolation_budget, extrapolation_lengths,
                            extrapolation_recipe, lm_budget, system_labels, systems_of, tagging_budget,
                            translation_budget)
 from paper_claims import NO_EFFECT, Claim, claims_for, extrapolation_metric
