@@ -6,8 +6,11 @@ records (a fresh output folder, as on another machine, redoes nothing), then the
 from the records alone; a raised budget, which trains a recorded run on from its last checkpoint
 instead of recording its old evaluations again; and length-extrapolation runs, their records and section."""
 
+import collections
 import datetime
+import gzip
 import json
+import math
 import os
 import re
 import shlex
@@ -16,7 +19,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Dict
+from typing import Dict, List
 
 import numpy as np
 import pytest
@@ -28,12 +31,13 @@ sys.path.insert(0, str(EVIDENCE))
 
 import evidence_plan as plan  # noqa: E402
 import paper_claims  # noqa: E402
-from results import (INCONCLUSIVE, MEASURED, NO_EFFECT_REPRODUCED, NOT_REPRODUCED, NOT_RUN, REPRODUCED,  # noqa: E402
-                     verdict)
+from results import (INCONCLUSIVE, MEASURED, NO_EFFECT_REPRODUCED, NOT_REPRODUCED, NOT_RUN,  # noqa: E402
+                     PTB_VALID_UNIGRAM_PERPLEXITY, REPRODUCED, context_free_note, verdict)
 from results_readers import paired_accuracy_bootstrap, sentence_counts  # noqa: E402
 
 PTB_SAMPLE = os.path.join(REPO, "data", "ptb_sample")
 EWT_DEV = os.path.join(REPO, "data", "ud_ewt_sample", "en_ewt-ud-dev.sample.conllu")
+SHARED_PTB = Path(REPO).parent / "shared" / "data" / "ptb_lm"
 
 
 # ---------------------------------------------------------------------------------------------- the plan
@@ -507,6 +511,40 @@ def test_verdicts_follow_the_stated_rule():
     assert verdict(alike, {1: 0.1, 2: 0.2, 3: -0.1}, {1: 0.4, 2: 0.2, 3: 0.7}, 3)[0] == NO_EFFECT_REPRODUCED
     assert verdict(alike, {1: 0.5, 2: 0.6, 3: 0.4}, {1: 0.01, 2: 0.001, 3: 0.02}, 3)[0] == NOT_REPRODUCED
     assert verdict(alike, {1: 0.5, 2: 0.6, 3: 0.4}, {1: 0.01, 2: 0.3, 3: 0.02}, 3)[0] == INCONCLUSIVE
+
+
+def test_models_no_better_than_word_frequencies_are_named_as_such():
+    """The extrapolation section names the methods whose perplexity at the training length (mean over seeds)
+    is not below the unigram level, with the recurrent models' note; none when every method is below it."""
+    def entry(method: str, ppl: float, length: int = plan.EXTRAPOLATION_TRAIN_LENGTH) -> Dict:
+        return {"method": method, "mode": "nonoverlapping", "length": length, "status": "ok", "ppl": ppl}
+
+    families = {"alibi": "tf", "attentive_lstm_lm": "lstm"}
+    learnt = [entry("alibi", 277.9), entry("attentive_lstm_lm", 650.0), entry("attentive_lstm_lm", 700.0)]
+    assert context_free_note(learnt, ["alibi", "attentive_lstm_lm"], families) == []  # mean 675: below
+    flat = [entry("alibi", 277.9), entry("attentive_lstm_lm", 711.0), entry("attentive_lstm_lm", 709.0),
+            entry("attentive_lstm_lm", 300.0, length=1024)]  # only the training length counts
+    note, blank = context_free_note(flat, ["alibi", "attentive_lstm_lm"], families)
+    assert note.startswith("**Not yet using their context**: attentive_lstm_lm (710.0): ") and blank == ""
+    assert "alibi" not in note and f"({PTB_VALID_UNIGRAM_PERPLEXITY:.1f}, a unigram model" in note
+    assert "recurrent LM" in note
+    assert "recurrent LM" not in context_free_note([entry("alibi", 900.0)], ["alibi"], families)[0]
+
+
+@pytest.mark.skipif(not SHARED_PTB.is_dir(), reason=f"no PTB text at {SHARED_PTB} (the shared data folder)")
+def test_the_unigram_level_is_that_of_ptb():
+    """PTB_VALID_UNIGRAM_PERPLEXITY recomputed from the shared PTB: the valid split's perplexity under the
+    train split's word frequencies, one </s> per line as fairseq's one-stream binarization adds."""
+    def words(split: str) -> List[str]:
+        with gzip.open(SHARED_PTB / f"ptb.{split}.txt.gz", "rt", encoding="utf-8") as f:
+            return [word for line in f for word in line.split() + ["</s>"]]
+
+    counts = collections.Counter(words("train"))
+    total = sum(counts.values())
+    valid = words("valid")
+    assert all(counts[word] for word in valid)  # PTB's closed vocabulary: no unseen word to smooth
+    bits = -sum(math.log2(counts[word] / total) for word in valid) / len(valid)
+    assert round(2 ** bits, 1) == PTB_VALID_UNIGRAM_PERPLEXITY
 
 
 def test_tagging_bootstrap_on_real_sentences(tmp_path):

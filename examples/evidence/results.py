@@ -451,6 +451,33 @@ def section(data: TaskData, settings: Settings, pictures: Pictures, extra_runs: 
     return Section(lines, [(data.task + (f" ({data.group.upper()})" if data.group else ""), r) for r in results])
 
 
+#: the perplexity of PTB's valid split under the word frequencies of its train split alone (``</s>`` counted, as
+#: fairseq-eval-lm counts it): what a model that ignores its context scores (tests/test_evidence.py recomputes it)
+PTB_VALID_UNIGRAM_PERPLEXITY = 687.0
+
+
+def context_free_note(evaluations: Sequence[Dict], methods: Sequence[str], families: Dict[str, str]) -> List[str]:
+    """A paragraph naming the methods whose valid perplexity at the training length (mean over seeds) is no
+    better than PTB's word frequencies alone: at this budget they have not learnt to use their context, so
+    their rows do not measure extrapolation. Nothing when every method is below that level."""
+    at_training_length = {}
+    for method in methods:
+        ppls = [e["ppl"] for e in evaluations if e["method"] == method and e["status"] == "ok"
+                and e["mode"] == EXTRAPOLATION_MODES[0] and e["length"] == EXTRAPOLATION_TRAIN_LENGTH]
+        if ppls and statistics.mean(ppls) >= PTB_VALID_UNIGRAM_PERPLEXITY:
+            at_training_length[method] = statistics.mean(ppls)
+    if not at_training_length:
+        return []
+    named = ", ".join(f"{method} ({ppl:.1f})" for method, ppl in at_training_length.items())
+    text = (f"**Not yet using their context**: {named}: their valid perplexity at {EXTRAPOLATION_TRAIN_LENGTH} "
+            f"tokens is no better than that of PTB's word frequencies alone ({PTB_VALID_UNIGRAM_PERPLEXITY:.1f}, "
+            "a unigram model of the train split): at this budget they have not learnt to use the context, so their "
+            "rows show that they evaluate at every length, not how they extrapolate.")
+    if any(families.get(method) == "lstm" for method in at_training_length):
+        text += " A recurrent LM leaves this plateau later than a transformer: section 2 trains them for epochs."
+    return [text, ""]
+
+
 def extrapolation_section(data: TaskData, settings: Settings, pictures: Pictures, prep: Run) -> Section:
     """The claims (a measured-only comparison is left out for a method that refuses its length), then the
     recipe's own tables and picture (examples/length_extrapolation/extrapolation.py) over every finished run."""
@@ -473,6 +500,8 @@ def extrapolation_section(data: TaskData, settings: Settings, pictures: Pictures
         recipe.plot(evaluations, methods, EXTRAPOLATION_MODES, lengths, EXTRAPOLATION_TRAIN_LENGTH,
                     EXTRAPOLATION_STRIDE, str(path))
         lines += [pictures.link(path, "valid perplexity against evaluation length"), ""]
+        families = {name: family for name, family, _ in recipe.list_methods(methods)}
+        lines += context_free_note(evaluations, methods, families)
     else:
         lines += ["*(tables and picture appear when runs have finished)*", ""]
     lines += [wall_line(data), ""] + commands(data, [prep]) + [""]
