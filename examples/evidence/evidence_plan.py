@@ -148,6 +148,8 @@ class Settings:
     tagging_max_epoch: int = 100
     classification_max_update: int = 434
     extrapolation_max_update: int = 500
+    # the LSTM LMs' own: after 500 updates a recurrent LM is still at the unigram level (docs/results.md, section 5)
+    extrapolation_lstm_max_update: int = 2000
     extrapolation_multipliers: List[int] = field(default_factory=lambda: list(EXTRAPOLATION_MULTIPLIERS))
     max_update: int = 0  # > 0: every run stops after at most this many updates (smoke runs)
     jobs: int = 2
@@ -163,7 +165,8 @@ class Settings:
         ``LM_TF_EPOCHS`` (per transformer language model), ``LM_LSTM_LR`` (the short-budget LSTMs' SGD learning
         rate; the LSTMs at the authors' budget have theirs, fixed: :func:`lm_budget`),
         ``TAGGING_PATIENCE``, ``TAGGING_MAX_EPOCH``, ``CLASSIFICATION_MAX_UPDATE``,
-        ``EXTRAPOLATION_MAX_UPDATE`` (updates per length-extrapolation model), ``EXTRAPOLATION_MULTIPLIERS``
+        ``EXTRAPOLATION_MAX_UPDATE`` (updates per length-extrapolation transformer),
+        ``EXTRAPOLATION_LSTM_MAX_UPDATE`` (per length-extrapolation LSTM LM), ``EXTRAPOLATION_MULTIPLIERS``
         (its evaluation lengths, multiples of the training length), and ``MAX_UPDATE`` (a cap
         on every run, for smoke runs); ``JOBS`` runs at once, ``THREADS`` CPU threads each; data
         ``MULTI30K_DIR``, ``PTB_DIR``, ``EWT_TRAIN`` + ``EWT_DEV`` (or ``EWT``, the folder), ``SST2``."""
@@ -196,6 +199,7 @@ class Settings:
             tagging_max_epoch=int(_number(env, "TAGGING_MAX_EPOCH", 100)),
             classification_max_update=int(_number(env, "CLASSIFICATION_MAX_UPDATE", 434)),
             extrapolation_max_update=max(1, int(_number(env, "EXTRAPOLATION_MAX_UPDATE", 500))),
+            extrapolation_lstm_max_update=max(1, int(_number(env, "EXTRAPOLATION_LSTM_MAX_UPDATE", 2000))),
             extrapolation_multipliers=_multipliers(env),
             max_update=int(_number(env, "MAX_UPDATE", 0)),
             jobs=max(1, int(_number(env, "JOBS", 2))), threads=max(1, int(_number(env, "THREADS", 1))),
@@ -531,12 +535,22 @@ def extrapolation_lengths(settings: Settings) -> List[int]:
     return [EXTRAPOLATION_TRAIN_LENGTH * m for m in settings.extrapolation_multipliers]
 
 
+def extrapolation_updates(settings: Settings, system: str) -> int:
+    """Updates of one length-extrapolation model: the LSTM LMs' budget for the recipe's ``lstm`` family, else
+    the transformers'."""
+    (_, family, _), = extrapolation_recipe().list_methods([system])
+    lstm = family == "lstm"
+    return settings.capped(settings.extrapolation_lstm_max_update if lstm else settings.extrapolation_max_update)
+
+
 def extrapolation_budget(settings: Settings) -> str:
     lengths = ", ".join(f"{length:,}" for length in extrapolation_lengths(settings))
     return (f"PTB as one token stream cut into blocks of {EXTRAPOLATION_TRAIN_LENGTH} tokens; "
-            f"{settings.capped(settings.extrapolation_max_update):,} updates of 32 blocks per model, every method the "
-            "same (transformer_lm_posattn 2 layers x 128, FFN 512, 4 heads; the attentive LSTM LMs 1 layer x 128; "
-            "tied embeddings; dropout 0.1; Adam lr 1e-3, inverse sqrt, 100 warm-up updates); checkpoint_last.pt; "
+            f"{settings.capped(settings.extrapolation_max_update):,} updates of 32 blocks per transformer, every "
+            "method the same (transformer_lm_posattn 2 layers x 128, FFN 512, 4 heads), "
+            f"{settings.capped(settings.extrapolation_lstm_max_update):,} per attentive LSTM LM (1 layer x 128; "
+            "after 500 updates a recurrent LM is still at the unigram level); "
+            "tied embeddings; dropout 0.1; Adam lr 1e-3, inverse sqrt, 100 warm-up updates; checkpoint_last.pt; "
             f"fairseq-eval-lm over the whole valid split at L = {lengths} tokens, non-overlapping windows and a "
             f"sliding window of stride {EXTRAPOLATION_STRIDE}")
 
@@ -554,9 +568,9 @@ def _extrapolation(settings: Settings) -> List[Run]:
         + ((data / "data-bin" / "dict.txt", ""),),
         kept=(Kept("preprocess.log", data / "logs" / "preprocess.log"),))
     runs = [prep]
-    updates = settings.capped(settings.extrapolation_max_update)
     for seed in settings.seeds["extrapolation"]:
         for system in settings.systems["extrapolation"]:
+            updates = extrapolation_updates(settings, system)
             out = settings.out / "extrapolation" / system / f"seed{seed}"
             logs = out / "logs"
             train_log = logs / f"train.{system}.seed{seed}.log"

@@ -10,8 +10,8 @@
 #
 # Settings (environment): TASKS, SEEDS or <TASK>_SEEDS, <TASK>_SYSTEMS, TAG_SETS, TRANSLATION_MAX_UPDATE,
 # LM_EPOCHS, LM_LSTM_LR, TAGGING_PATIENCE, TAGGING_MAX_EPOCH, CLASSIFICATION_MAX_UPDATE, EXTRAPOLATION_MAX_UPDATE,
-# EXTRAPOLATION_MULTIPLIERS, MAX_UPDATE (cap, smoke runs), JOBS, THREADS, EVIDENCE_OUT and the data folders MULTI30K_DIR, PTB_DIR, EWT (or EWT_TRAIN and
-# EWT_DEV), SST2 (examples/evidence/evidence_plan.py).
+# EXTRAPOLATION_LSTM_MAX_UPDATE, EXTRAPOLATION_MULTIPLIERS, MAX_UPDATE (cap, smoke runs), JOBS, THREADS, EVIDENCE_OUT
+# and the data folders MULTI30K_DIR, PTB_DIR, EWT (or EWT_TRAIN and EWT_DEV), SST2 (examples/evidence/evidence_plan.py).
 set -euo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 [[ -x "$REPO/.venv/bin/python" ]] && export PATH="$REPO/.venv/bin:$PATH"
