@@ -522,16 +522,15 @@ def test_models_no_better_than_word_frequencies_are_named_as_such():
     def entry(method: str, ppl: float, length: int = plan.EXTRAPOLATION_TRAIN_LENGTH) -> Dict:
         return {"method": method, "mode": "nonoverlapping", "length": length, "status": "ok", "ppl": ppl}
 
-    families = {"alibi": "tf", "attentive_lstm_lm": "lstm"}
     learnt = [entry("alibi", 277.9), entry("attentive_lstm_lm", 650.0), entry("attentive_lstm_lm", 700.0)]
-    assert context_free_note(learnt, ["alibi", "attentive_lstm_lm"], families) == []  # mean 675: below
+    assert context_free_note(learnt, ["alibi", "attentive_lstm_lm"]) == []  # mean 675: below
     flat = [entry("alibi", 277.9), entry("attentive_lstm_lm", 711.0), entry("attentive_lstm_lm", 709.0),
             entry("attentive_lstm_lm", 300.0, length=1024)]  # only the training length counts
-    note, blank = context_free_note(flat, ["alibi", "attentive_lstm_lm"], families)
+    note, blank = context_free_note(flat, ["alibi", "attentive_lstm_lm"])
     assert note.startswith("**Not yet using their context**: attentive_lstm_lm (710.0): ") and blank == ""
     assert "alibi" not in note and f"({PTB_VALID_UNIGRAM_PERPLEXITY:.1f}, a unigram model" in note
     assert "recurrent LM" in note
-    assert "recurrent LM" not in context_free_note([entry("alibi", 900.0)], ["alibi"], families)[0]
+    assert "recurrent LM" not in context_free_note([entry("alibi", 900.0)], ["alibi"])[0]
 
 
 @pytest.mark.skipif(not SHARED_PTB.is_dir(), reason=f"no PTB text at {SHARED_PTB} (the shared data folder)")

@@ -535,24 +535,31 @@ def extrapolation_lengths(settings: Settings) -> List[int]:
     return [EXTRAPOLATION_TRAIN_LENGTH * m for m in settings.extrapolation_multipliers]
 
 
-def extrapolation_updates(settings: Settings, system: str) -> int:
-    """Updates of one length-extrapolation model: the LSTM LMs' budget for the recipe's ``lstm`` family, else
-    the transformers'."""
+def extrapolation_family(system: str) -> str:
+    """The recipe's family of a length-extrapolation method: ``tf`` (transformer_lm_posattn) or ``lstm``."""
     (_, family, _), = extrapolation_recipe().list_methods([system])
-    lstm = family == "lstm"
+    return family
+
+
+def extrapolation_updates(settings: Settings, system: str) -> int:
+    """Updates of one length-extrapolation model: the LSTM LMs' budget or the transformers'."""
+    lstm = extrapolation_family(system) == "lstm"
     return settings.capped(settings.extrapolation_lstm_max_update if lstm else settings.extrapolation_max_update)
 
 
-def extrapolation_budget(settings: Settings) -> str:
+def extrapolation_budget(settings: Settings, system: str) -> str:
+    """The budget of one length-extrapolation model, the same for every model of its family."""
     lengths = ", ".join(f"{length:,}" for length in extrapolation_lengths(settings))
+    if extrapolation_family(system) == "lstm":
+        models = ("per model, both the same (attentive_lstm_lm, positional_attentive_lstm_lm: 1 layer x 128; after "
+                  "500 updates a recurrent LM is still at the unigram level)")
+    else:
+        models = "per model, every method the same (transformer_lm_posattn 2 layers x 128, FFN 512, 4 heads)"
     return (f"PTB as one token stream cut into blocks of {EXTRAPOLATION_TRAIN_LENGTH} tokens; "
-            f"{settings.capped(settings.extrapolation_max_update):,} updates of 32 blocks per transformer, every "
-            "method the same (transformer_lm_posattn 2 layers x 128, FFN 512, 4 heads), "
-            f"{settings.capped(settings.extrapolation_lstm_max_update):,} per attentive LSTM LM (1 layer x 128; "
-            "after 500 updates a recurrent LM is still at the unigram level); "
-            "tied embeddings; dropout 0.1; Adam lr 1e-3, inverse sqrt, 100 warm-up updates; checkpoint_last.pt; "
-            f"fairseq-eval-lm over the whole valid split at L = {lengths} tokens, non-overlapping windows and a "
-            f"sliding window of stride {EXTRAPOLATION_STRIDE}")
+            f"{extrapolation_updates(settings, system):,} updates of 32 blocks {models}; tied embeddings; dropout "
+            "0.1; Adam lr 1e-3, inverse sqrt, 100 warm-up updates; checkpoint_last.pt; fairseq-eval-lm over the "
+            f"whole valid split at L = {lengths} tokens, non-overlapping windows and a sliding window of stride "
+            f"{EXTRAPOLATION_STRIDE}")
 
 
 def _extrapolation(settings: Settings) -> List[Run]:
@@ -583,7 +590,7 @@ def _extrapolation(settings: Settings) -> List[Run]:
                      "SEEDS": str(seed), "PARALLEL": "1", "L_TRAIN": str(EXTRAPOLATION_TRAIN_LENGTH),
                      "SLIDE_STRIDE": EXTRAPOLATION_STRIDE,
                      "MULTIPLIERS": " ".join(map(str, settings.extrapolation_multipliers)), "MAX_UPDATE": str(updates)},
-                budget=extrapolation_budget(settings), train_log=train_log,
+                budget=extrapolation_budget(settings, system), train_log=train_log,
                 done_when=evaluations + ((out / "results.json", ""),) + trained_under(train_log, max_update=updates),
                 depends_on=prep.id, kept=(Kept("results.json", out / "results.json"),)))
     return runs

@@ -28,9 +28,9 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import results_readers as readers
 from evidence_plan import (EXTRAPOLATION_MODES, EXTRAPOLATION_MULTIPLIERS, EXTRAPOLATION_STRIDE,
                            EXTRAPOLATION_TRAIN_LENGTH, LSTM_AUTHORS_SYSTEMS, LSTM_SYSTEMS, TASKS, Run, Settings,
-                           build_plan, classification_budget, display, extrapolation_budget, extrapolation_lengths,
-                           extrapolation_recipe, lm_budget, system_labels, systems_of, tagging_budget,
-                           translation_budget)
+                           build_plan, classification_budget, display, extrapolation_budget, extrapolation_family,
+                           extrapolation_lengths, extrapolation_recipe, lm_budget, system_labels, systems_of,
+                           tagging_budget, translation_budget)
 from paper_claims import NO_EFFECT, Claim, claims_for, extrapolation_metric
 from records import TRAIN_LOG, default_page, read_record, record_dir, records_root
 from records import load_settings as recorded_settings
@@ -456,7 +456,7 @@ def section(data: TaskData, settings: Settings, pictures: Pictures, extra_runs: 
 PTB_VALID_UNIGRAM_PERPLEXITY = 687.0
 
 
-def context_free_note(evaluations: Sequence[Dict], methods: Sequence[str], families: Dict[str, str]) -> List[str]:
+def context_free_note(evaluations: Sequence[Dict], methods: Sequence[str]) -> List[str]:
     """A paragraph naming the methods whose valid perplexity at the training length (mean over seeds) is no
     better than PTB's word frequencies alone: at this budget they have not learnt to use their context, so
     their rows do not measure extrapolation. Nothing when every method is below that level."""
@@ -473,7 +473,7 @@ def context_free_note(evaluations: Sequence[Dict], methods: Sequence[str], famil
             f"tokens is no better than that of PTB's word frequencies alone ({PTB_VALID_UNIGRAM_PERPLEXITY:.1f}, "
             "a unigram model of the train split): at this budget they have not learnt to use the context, so their "
             "rows show that they evaluate at every length, not how they extrapolate.")
-    if any(families.get(method) == "lstm" for method in at_training_length):
+    if any(extrapolation_family(method) == "lstm" for method in at_training_length):
         text += " A recurrent LM leaves this plateau later than a transformer: section 2 trains them for epochs."
     return [text, ""]
 
@@ -500,8 +500,7 @@ def extrapolation_section(data: TaskData, settings: Settings, pictures: Pictures
         recipe.plot(evaluations, methods, EXTRAPOLATION_MODES, lengths, EXTRAPOLATION_TRAIN_LENGTH,
                     EXTRAPOLATION_STRIDE, str(path))
         lines += [pictures.link(path, "valid perplexity against evaluation length"), ""]
-        families = {name: family for name, family, _ in recipe.list_methods(methods)}
-        lines += context_free_note(evaluations, methods, families)
+        lines += context_free_note(evaluations, methods)
     else:
         lines += ["*(tables and picture appear when runs have finished)*", ""]
     lines += [wall_line(data), ""] + commands(data, [prep]) + [""]
@@ -523,7 +522,10 @@ def budgets(task: str, settings: Settings) -> List[str]:
     elif task == "tagging":
         text = [tagging_budget(settings)]
     elif task == "extrapolation":
-        text = [extrapolation_budget(settings)]
+        families = {extrapolation_family(system): system for system in reversed(systems_of(task))}
+        return [f"**Seeds**: {seeds}. **Budget**, the same for every model of a kind:", "",
+                f"- Transformers: {extrapolation_budget(settings, families['tf'])}.",
+                f"- The attentive LSTM LMs: {extrapolation_budget(settings, families['lstm'])}.", ""]
     else:
         text = [classification_budget(settings)]
     return [f"**Seeds**: {seeds}. **Budget**, the same for every system: " + " ".join(text) + ".", ""]
