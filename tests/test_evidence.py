@@ -91,8 +91,10 @@ def test_the_plan_has_every_system_of_the_issue_with_its_seeds_and_budget(tmp_pa
             assert run.env["MAX_UPDATE"] == "434" and run.env["SEEDS"] == str(run.seed)
         if run.task == "extrapolation" and run.seed:
             # the LSTM LMs train longer (after 500 updates they are still at the unigram level)
-            updates = "2000" if run.system.endswith("attentive_lstm_lm") else "500"
-            assert run.env["MAX_UPDATE"] == updates and (run.train_log, f"'max_update': {updates},") in run.done_when
+            lstm = run.system.endswith("attentive_lstm_lm")
+            updates = "2000" if lstm else "500"
+            assert run.env["LSTM_MAX_UPDATE" if lstm else "MAX_UPDATE"] == updates
+            assert (run.train_log, f"'max_update': {updates},") in run.done_when
             assert run.env["L_TRAIN"] == "64" and run.env["METHODS"] == run.system
             assert run.env["MULTIPLIERS"] == "1 2 4 8 16" and run.depends_on == "extrapolation/data"
             assert run.env["DATA_OUT"] == str(tmp_path / "extrapolation" / "data")

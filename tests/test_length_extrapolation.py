@@ -329,7 +329,8 @@ def commands(output: str, tool: str) -> List[str]:
 
 def test_recipe_dry_run_prints_every_command_of_every_method(tmp_path):
     """Every registered causal variant (and sinusoidal, none, learned, the LSTM LMs): one training on blocks of
-    64, then fairseq-eval-lm at 64 ... 1024 tokens both ways, with the override; nothing is written."""
+    64 (500 updates; the LSTM LMs 2,000), then fairseq-eval-lm at 64 ... 1024 tokens both ways, with the
+    override; nothing is written."""
     from fairseq_posattn.modules.position_terms.registry import all_variants
 
     out = tmp_path / "out"
@@ -343,6 +344,8 @@ def test_recipe_dry_run_prints_every_command_of_every_method(tmp_path):
         assert " ".join(flags[2:] if flags[1] == "transformer_lm_posattn" else flags) + " " in line
         assert ("--no-token-positional-embeddings" in line) == (name in all_variants("decoder") or name == "none")
         assert "--sample-break-mode none --tokens-per-sample 64 " in line
+        # the LSTM LMs' own budget (LSTM_MAX_UPDATE): after 500 updates they are still at the unigram level
+        assert f"--max-update {2000 if 'lstm' in name else 500} " in line
     for length in (64, 128, 256, 512, 1024):
         same = [e for e in evaluations if f"--tokens-per-sample {length} " in e]
         assert len(same) == 2 * len(METHODS)

@@ -578,6 +578,7 @@ def _extrapolation(settings: Settings) -> List[Run]:
     for seed in settings.seeds["extrapolation"]:
         for system in settings.systems["extrapolation"]:
             updates = extrapolation_updates(settings, system)
+            budget_variable = "LSTM_MAX_UPDATE" if extrapolation_family(system) == "lstm" else "MAX_UPDATE"
             out = settings.out / "extrapolation" / system / f"seed{seed}"
             logs = out / "logs"
             train_log = logs / f"train.{system}.seed{seed}.log"
@@ -588,8 +589,8 @@ def _extrapolation(settings: Settings) -> List[Run]:
                 out_dir=out, recipe=RECIPES["extrapolation"], args=(),
                 env={**_common(settings, out), "DATA_OUT": str(data), "STEPS": "train table", "METHODS": system,
                      "SEEDS": str(seed), "PARALLEL": "1", "L_TRAIN": str(EXTRAPOLATION_TRAIN_LENGTH),
-                     "SLIDE_STRIDE": EXTRAPOLATION_STRIDE,
-                     "MULTIPLIERS": " ".join(map(str, settings.extrapolation_multipliers)), "MAX_UPDATE": str(updates)},
+                     "SLIDE_STRIDE": EXTRAPOLATION_STRIDE, budget_variable: str(updates),
+                     "MULTIPLIERS": " ".join(map(str, settings.extrapolation_multipliers))},
                 budget=extrapolation_budget(settings, system), train_log=train_log,
                 done_when=evaluations + ((out / "results.json", ""),) + trained_under(train_log, max_update=updates),
                 depends_on=prep.id, kept=(Kept("results.json", out / "results.json"),)))

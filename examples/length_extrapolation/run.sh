@@ -24,7 +24,8 @@ PRESET=${PRESET:-ptb}                             # ptb (tiny CPU models) or wik
 if [ "$PRESET" = wikitext103 ]; then              # defaults of the GPU preset (each still overridable)
     L_TRAIN=${L_TRAIN:-512}; TF_DIM=${TF_DIM:-512}; TF_FFN=${TF_FFN:-2048}; TF_LAYERS=${TF_LAYERS:-6}
     TF_HEADS=${TF_HEADS:-8}; LSTM_DIM=${LSTM_DIM:-512}; LSTM_LAYERS=${LSTM_LAYERS:-2}; BATCH_SIZE=${BATCH_SIZE:-16}
-    MAX_UPDATE=${MAX_UPDATE:-50000}; LR=${LR:-0.0005}; WARMUP=${WARMUP:-4000}; PARALLEL=${PARALLEL:-1}
+    MAX_UPDATE=${MAX_UPDATE:-50000}; LSTM_MAX_UPDATE=${LSTM_MAX_UPDATE:-$MAX_UPDATE}; LR=${LR:-0.0005}
+    WARMUP=${WARMUP:-4000}; PARALLEL=${PARALLEL:-1}
     THREADS=${THREADS:-4}
     [ -n "${DATA_DIR:-}" ] || { echo "run.sh: PRESET=wikitext103 needs DATA_DIR=/path/to/wikitext-103 (wiki.{train,valid,test}.tokens)" >&2; exit 2; }
 elif [ "$PRESET" != ptb ]; then
@@ -58,8 +59,9 @@ EVAL_TOKENS=${EVAL_TOKENS:-8192}                  # tokens the model reads per e
                                                   # fairseq-eval-lm holds their log-probabilities over the whole
                                                   # vocabulary (WikiText-103: 267k words, 8.7 GB at 8192)
 
-# Training budget, the same for every method (Adam with inverse-sqrt warm-up, as run_ptb.sh).
+# Training budget, the same for every method of a family (Adam with inverse-sqrt warm-up, as run_ptb.sh).
 MAX_UPDATE=${MAX_UPDATE:-500}
+LSTM_MAX_UPDATE=${LSTM_MAX_UPDATE:-2000}          # the LSTM LMs: after 500 updates they are still at the unigram level
 BATCH_SIZE=${BATCH_SIZE:-32}                      # blocks of L_TRAIN tokens per update
 LR=${LR:-0.001}
 WARMUP=${WARMUP:-100}
@@ -75,7 +77,7 @@ LSTM_LAYERS=${LSTM_LAYERS:-1}
 
 source "$REPO/examples/lib/device.sh"             # DEVICE_FLAGS (--cpu without a GPU), PRECISION_FLAGS, split_batch
 source "$REPO/examples/lib/commands.sh"           # show
-for value in L_TRAIN MAX_UPDATE BATCH_SIZE EVAL_TOKENS; do
+for value in L_TRAIN MAX_UPDATE LSTM_MAX_UPDATE BATCH_SIZE EVAL_TOKENS; do
     [[ "${!value}" =~ ^[0-9]+$ ]] && (( ${!value} > 0 )) || { echo "run.sh: $value must be a positive number, got '${!value}'" >&2; exit 2; }
 done
 # stride L: the sliding window's scored tokens per window at evaluation length L
@@ -185,15 +187,15 @@ train_and_evaluate() {
     if ! grep -q "done training" "$log" 2>/dev/null; then
         # evaluations of an earlier model (an interrupted training, a raised MAX_UPDATE) are made again
         (( DRY_RUN )) || rm -f "$OUT/logs/eval.$name.seed$seed."*.log
-        local sizes=("${TF_SIZES[@]}")
-        [ "${FAMILY[$name]}" = lstm ] && sizes=("${LSTM_SIZES[@]}")
+        local sizes=("${TF_SIZES[@]}") updates=$MAX_UPDATE
+        [ "${FAMILY[$name]}" = lstm ] && sizes=("${LSTM_SIZES[@]}") updates=$LSTM_MAX_UPDATE
         # shellcheck disable=SC2206  # the method's flags are a word list
         local method=(${FLAGS[$name]})
         local train=(fairseq-train "$DATA" --task language_modeling --user-dir "$USER_DIR"
                      --sample-break-mode none --tokens-per-sample "$L_TRAIN" "${sizes[@]}" "${method[@]}"
                      --dropout "$DROPOUT" "${OPTIM_FLAGS[@]}" --batch-size "$SIZE_PER_DEVICE"
                      --update-freq "$UPDATE_FREQ_PER_DEVICE" --required-batch-size-multiple 1
-                     --max-update "$MAX_UPDATE" --max-epoch 0 --disable-validation --no-epoch-checkpoints
+                     --max-update "$updates" --max-epoch 0 --disable-validation --no-epoch-checkpoints
                      --save-dir "$ckdir" --seed "$seed" --num-workers 0 --log-format simple --log-interval 100
                      "${PRECISION_FLAGS[@]}" "${DEVICE_FLAGS[@]}")
         show "${train[@]}"
