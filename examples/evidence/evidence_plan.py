@@ -20,7 +20,7 @@ import shlex
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Dict, List, Mapping, Optional, Tuple
 
 REPO = Path(__file__).resolve().parents[2]
 TASKS = ("translation", "lm", "tagging", "classification", "extrapolation")
@@ -595,7 +595,3 @@ def _extrapolation(settings: Settings) -> List[Run]:
                 done_when=evaluations + ((out / "results.json", ""),) + trained_under(train_log, max_update=updates),
                 depends_on=prep.id, kept=(Kept("results.json", out / "results.json"),)))
     return runs
-
-
-def runs_by_id(runs: Sequence[Run]) -> Dict[str, Run]:
-    return {run.id: run for run in runs}

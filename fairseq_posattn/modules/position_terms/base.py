@@ -189,12 +189,8 @@ class KeyValueAugmentation(PositionTerm):
 
 
 class PostSoftmaxTransform(PositionTerm):
-    """Kind 4: a transform of the post-softmax attention matrix ``S``.
-
-    ``history_rows`` earlier query rows of ``S`` are needed to decode incrementally on a causal side.
-    """
-
-    history_rows: int = 0
+    """Kind 4: a transform of the post-softmax attention matrix ``S``; on a causal side, incremental decoding
+    passes the earlier query rows it cached (``history``)."""
 
     def forward(
         self,

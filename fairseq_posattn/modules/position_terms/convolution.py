@@ -86,7 +86,6 @@ class ConvolvedAttention2d(PostSoftmaxTransform):
         super().__init__()
         self.kernel_size = kernel_size
         self.causal = causal
-        self.history_rows = kernel_size - 1 if causal else 0
         self.conv = nn.Conv2d(num_heads, num_heads, kernel_size, groups=num_heads)
         initialise(self.conv, init, kernel_size ** 2, kernel_size ** 2)  # one channel in and out
 
@@ -212,7 +211,6 @@ class ConvolvedAttention1d(PostSoftmaxTransform):
         super().__init__()
         self.kernel_size = kernel_size
         self.causal = causal
-        self.history_rows = kernel_size - 1 if causal else 0
         self.num_heads = num_heads
         self.max_positions = max_positions
         self.block_rows = CAUSAL_BLOCK_ROWS
