@@ -522,10 +522,12 @@ def budgets(task: str, settings: Settings) -> List[str]:
     elif task == "tagging":
         text = [tagging_budget(settings)]
     elif task == "extrapolation":
-        families = {extrapolation_family(system): system for system in reversed(systems_of(task))}
+        first_of: Dict[str, str] = {}  # family -> its first system
+        for system in systems_of(task):
+            first_of.setdefault(extrapolation_family(system), system)
         return [f"**Seeds**: {seeds}. **Budget**, the same for every model of a kind:", "",
-                f"- Transformers: {extrapolation_budget(settings, families['tf'])}.",
-                f"- The attentive LSTM LMs: {extrapolation_budget(settings, families['lstm'])}.", ""]
+                f"- Transformers: {extrapolation_budget(settings, first_of['tf'])}.",
+                f"- The attentive LSTM LMs: {extrapolation_budget(settings, first_of['lstm'])}.", ""]
     else:
         text = [classification_budget(settings)]
     return [f"**Seeds**: {seeds}. **Budget**, the same for every system: " + " ".join(text) + ".", ""]
