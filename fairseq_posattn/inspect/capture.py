@@ -88,8 +88,9 @@ class TermQuantities:
     quantities: List[Quantity]
 
     def to_json(self) -> Dict[str, Any]:
-        """The values by quantity name, and how each is laid out."""
-        out: Dict[str, Any] = {"side": self.side, "layer": self.layer, "positions": self.positions}
+        """The values by quantity name, how each is laid out, and the paper the method implements."""
+        out: Dict[str, Any] = {"side": self.side, "layer": self.layer, "positions": self.positions,
+                               "citation": REGISTRY[self.method].citation}
         out.update((q.name, q.values.tolist()) for q in self.quantities)
         out["presentation"] = {q.name: {"layout": q.layout, "title": q.title, "axes": list(q.axes),
                                         "ticks": [list(t) for t in q.ticks], "panels": list(q.panels)}

@@ -37,7 +37,8 @@ from matplotlib.axis import Axis  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
 from fairseq_posattn.inspect.capture import AttentionMap, Inspection, TermQuantities  # noqa: E402
-from fairseq_posattn.modules.position_terms.registry import BARS, CURVE, MATRIX, TABLE, Quantity  # noqa: E402
+from fairseq_posattn.modules.position_terms.registry import (  # noqa: E402
+    BARS, CURVE, MATRIX, REGISTRY, TABLE, Quantity)
 
 FONT_SIZE = 8
 MAX_TICKS = 40
@@ -182,16 +183,18 @@ def draw_method(inspection: Inspection, method: str, out: str) -> List[str]:
     """What the terms of a registered method show: a file per quantity and layer, and one per side
     for the per-head scalars (every layer's heads together)."""
     entries = [t for t in inspection.terms if t.method == method]
+    citation = REGISTRY[method].citation
+    cited = f"{method} ({citation})" if citation else method
     paths = []
     for t in entries:
         for q in t.quantities:
             if q.layout != BARS:
                 path = os.path.join(out, f"{t.side}-layer{t.layer}-{method}-{q.name}.png")
-                LAYOUT_DRAWERS[q.layout](q, f"{method}, {t.side} layer {t.layer}: {q.title}", path)
+                LAYOUT_DRAWERS[q.layout](q, f"{cited}, {t.side} layer {t.layer}: {q.title}", path)
                 paths.append(path)
     for side, series in per_head_series(entries).items():
         path = os.path.join(out, f"{side}-{method}-per-head.png")
-        sorted_bars(series, f"{method}, {side}: per layer and head, sorted", path)
+        sorted_bars(series, f"{cited}, {side}: per layer and head, sorted", path)
         paths.append(path)
     return paths
 
