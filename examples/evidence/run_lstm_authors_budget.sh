@@ -17,7 +17,7 @@
 #              results.md       the page, if it could be regenerated there
 #
 # Device: whatever run_ptb.sh picks (examples/lib/device.sh): all the GPUs torch sees, else the CPU. JOBS
-# (default: 6, all at once, with a GPU; 2 on a CPU, about a day) and THREADS (default 1: on a GPU each
+# (default: 6, all at once, with a GPU; 2 on a CPU, about two days) and THREADS (default 1: on a GPU each
 # training's CPU work is one Python thread) as for the runner; PTB_DIR, EVIDENCE_OUT and MAX_UPDATE (a cap, for
 # a smoke run: its runs are recorded under another budget) as well; RESULTS_PAGE: where the page goes (default
 # docs/results.md, or results.md inside EVIDENCE_RECORDS when that names another folder; its pictures beside
@@ -54,7 +54,7 @@ GPUS_SEEN=${GPUS:-$("$PYTHON" -c "import torch; print(torch.cuda.device_count() 
 if (( GPUS_SEEN > 0 )); then
     JOBS=${JOBS:-6} where="$GPUS_SEEN GPU(s)"
 else
-    JOBS=${JOBS:-2} where="the CPU (torch sees no GPU; about a day at 2 at a time)"
+    JOBS=${JOBS:-2} where="the CPU (torch sees no GPU; about two days at 2 at a time)"
 fi
 export JOBS THREADS=${THREADS:-1}
 
