@@ -1,17 +1,26 @@
-"""Running fairseq's and our console tools in subprocesses, as a user would."""
+"""Running fairseq's and our console tools in subprocesses, as a user would; and, for data preparation that
+is not what a test checks, the same tools' work in the pytest process (each console run spends seconds
+importing torch and fairseq)."""
 
 import os
 import subprocess
 import sys
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, Sequence, Union
 
 import pytest
+from fairseq import options
+from fairseq_cli import preprocess as preprocess_cli
 
+from fairseq_posattn.cli import parse as parse_cli
+from fairseq_posattn.cli import prepare_structure as prepare_structure_cli
 from fairseq_posattn.data.text_pipeline import prepare_translation_corpus
+from fairseq_posattn.structure.parse_pipeline import parse_corpus
 from model_helpers import REPO
 
 SAMPLE = os.path.join(REPO, "data", "multi30k_sample")
 BIN = os.path.dirname(sys.executable)
+#: a console tool's command-line arguments, paths as they are
+Arguments = Sequence[Union[str, os.PathLike]]
 
 
 def run(tool: str, args: List[str], **kwargs) -> subprocess.CompletedProcess:
@@ -37,12 +46,50 @@ def prepare_sample(root: str, lines: int = 300, bpe_merges: int = 800) -> str:
     return prepared
 
 
+def _binarize_args(prepared: str, data_bin: str) -> List[str]:
+    """fairseq-preprocess's options for a prepared en-de sample: a joined dictionary, train/valid/test."""
+    return ["--source-lang", "en", "--target-lang", "de", "--joined-dictionary", "--workers", "1",
+            "--trainpref", f"{prepared}/train.bpe", "--validpref", f"{prepared}/valid.bpe",
+            "--testpref", f"{prepared}/test.bpe", "--destdir", data_bin]
+
+
 def binarize(prepared: str, data_bin: str) -> None:
-    run("fairseq-preprocess", [
-        "--source-lang", "en", "--target-lang", "de", "--joined-dictionary", "--workers", "1",
-        "--trainpref", f"{prepared}/train.bpe", "--validpref", f"{prepared}/valid.bpe",
-        "--testpref", f"{prepared}/test.bpe", "--destdir", data_bin,
-    ])
+    """fairseq-preprocess of a prepared sample, as a console run."""
+    run("fairseq-preprocess", _binarize_args(prepared, data_bin))
+
+
+def binarize_in_process(prepared: str, data_bin: str) -> None:
+    """The same binarization as :func:`binarize`, in this process."""
+    preprocess_in_process(_binarize_args(prepared, data_bin))
+
+
+def preprocess_in_process(args: Arguments) -> None:
+    """fairseq-preprocess with these options, in this process: the console script's parser and ``main``.
+
+    Every call of ``main`` adds a FileHandler for ``DESTDIR/preprocess.log`` to fairseq's module logger and
+    never removes it; it is removed here, or later calls would append to the logs of earlier destdirs."""
+    logger = preprocess_cli.logger
+    earlier = list(logger.handlers)
+    try:
+        preprocess_cli.main(options.get_preprocessing_parser().parse_args([str(arg) for arg in args]))
+    finally:
+        for handler in [handler for handler in logger.handlers if handler not in earlier]:
+            logger.removeHandler(handler)
+            handler.close()
+
+
+def parse_in_process(args: Arguments) -> None:
+    """posattn-parse with these options, in this process: its parser and the pipeline its ``main`` runs
+    (``main`` would also reconfigure this process's root logger)."""
+    parsed = parse_cli.build_parser().parse_args([str(arg) for arg in args])
+    parse_corpus(parse_cli.backend_spec(parsed), parsed.output, parsed.num_shards, parsed.shard_id, parsed.merge,
+                 parsed.workers)
+
+
+def prepare_structure_in_process(args: Arguments) -> None:
+    """posattn-prepare-structure with these options, in this process (as :func:`parse_in_process`)."""
+    prepare_structure_cli.prepare_structure(prepare_structure_cli.build_parser().parse_args(
+        [str(arg) for arg in args]))
 
 
 def hypotheses(generate_output: str) -> Dict[int, str]:

@@ -13,6 +13,11 @@ if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):  # `make test`: the cores shared
     torch.set_num_threads(_threads)
     os.environ.setdefault("OMP_NUM_THREADS", str(_threads))  # the fairseq commands that tests start
 
+if not torch.cuda.is_available():
+    # what examples/lib/device.sh's probe finds here, so that the recipes that tests start skip it (a process
+    # importing torch, seconds of CPU each); test_recipes.py runs the probe itself
+    os.environ.setdefault("GPUS", "0")
+
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(

@@ -4,6 +4,7 @@ and fairseq-interactive from the saved checkpoint in fresh processes, resume (di
 
 import os
 import re
+from typing import List
 
 import pytest
 import torch
@@ -53,31 +54,36 @@ def trained(corpus):
     return save_dir
 
 
-def test_generate_translates_every_test_sentence_from_a_fresh_process(corpus, trained):
-    out = run("fairseq-generate", [
-        corpus["data_bin"], "--user-dir", USER_DIR, "--path", f"{trained}/checkpoint_last.pt",
-        "--gen-subset", "test", "--beam", "3", "--batch-size", "32", "--max-len-b", "20",
-        "--required-batch-size-multiple", "1", "--cpu",
+def decoding(trained: str) -> List[str]:
+    """The options fairseq-generate and fairseq-interactive share: the checkpoint, beam 3, en-de."""
+    return ["--user-dir", USER_DIR, "--path", f"{trained}/checkpoint_last.pt", "--beam", "3",
+            "--max-len-b", "20", "--cpu", "--source-lang", "en", "--target-lang", "de"]
+
+
+@pytest.fixture(scope="module")
+def generated(corpus, trained) -> str:
+    """fairseq-generate's output on the test split, from a fresh process."""
+    return run("fairseq-generate", [
+        corpus["data_bin"], *decoding(trained), "--gen-subset", "test", "--batch-size", "32",
+        "--required-batch-size-multiple", "1",
     ]).stdout
-    assert sorted(hypotheses(out)) == list(range(300))
 
 
-def test_interactive_agrees_with_generate(corpus, trained):
-    common = ["--user-dir", USER_DIR, "--path", f"{trained}/checkpoint_last.pt", "--beam", "3",
-              "--max-len-b", "20", "--cpu", "--source-lang", "en", "--target-lang", "de"]
+def test_generate_translates_every_test_sentence_from_a_fresh_process(generated):
+    assert sorted(hypotheses(generated)) == list(range(300))
+
+
+def test_interactive_agrees_with_generate(corpus, trained, generated):
     with open(os.path.join(corpus["prepared"], "test.bpe.en")) as f:
         sources = [next(f) for _ in range(5)]
-    interactive = run("fairseq-interactive", [corpus["data_bin"], *common, "--buffer-size", "5",
+    interactive = run("fairseq-interactive", [corpus["data_bin"], *decoding(trained), "--buffer-size", "5",
                                               "--batch-size", "5"], input="".join(sources)).stdout
-    generated = hypotheses(run("fairseq-generate", [
-        corpus["data_bin"], *common, "--gen-subset", "test", "--batch-size", "32",
-        "--required-batch-size-multiple", "1",
-    ]).stdout)
+    from_generate = hypotheses(generated)
     from_interactive = hypotheses(interactive)
     assert len(from_interactive) == 5
     for i, source in enumerate(sources):
         test_id = _test_id_of(corpus, source)
-        assert from_interactive[i] == generated[test_id]
+        assert from_interactive[i] == from_generate[test_id]
 
 
 def _test_id_of(corpus, source: str) -> int:

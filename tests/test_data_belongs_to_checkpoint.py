@@ -13,7 +13,7 @@ from typing import Dict, List
 import pytest
 import torch
 
-from cli_helpers import binarize, error_line, prepare_sample, run, run_failing
+from cli_helpers import binarize_in_process, error_line, prepare_sample, run, run_failing
 from fairseq_posattn import hub
 from fairseq_posattn.criterions.pos_tagging import PosTaggingCriterion
 from fairseq_posattn.data.fingerprint import STATE_KEY, DataMismatchError
@@ -175,7 +175,7 @@ def translation(tmp_path_factory) -> Dict[str, str]:
     """A tiny transformer_posattn after one update, its data-bin and a copy with two symbols swapped."""
     root = tmp_path_factory.mktemp("translation")
     data_bin, swapped, save_dir = str(root / "data-bin"), str(root / "swapped"), str(root / "checkpoints")
-    binarize(prepare_sample(str(root), lines=100, bpe_merges=300), data_bin)
+    binarize_in_process(prepare_sample(str(root), lines=100, bpe_merges=300), data_bin)
     run("fairseq-train", [data_bin, *TRANSLATION_MODEL, *TRANSLATION_TRAINING, "--task", "translation",
                           "--max-update", "1", "--disable-validation", "--save-dir", save_dir])
     shutil.copytree(data_bin, swapped)

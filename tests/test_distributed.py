@@ -26,7 +26,8 @@ import torch
 from fairseq import options
 from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
-from cli_helpers import BIN, binarize, prepare_sample, run, run_failing
+from cli_helpers import (BIN, binarize_in_process, parse_in_process, prepare_sample, prepare_structure_in_process,
+                         preprocess_in_process, run, run_failing)
 from fairseq_posattn.data.sentence_classification import split_corpus
 from fairseq_posattn.distributed_compat import adopt_torchrun_environment
 from model_helpers import REPO, USER_DIR
@@ -102,14 +103,15 @@ UPDATE_LOSS = re.compile(r"epoch \d+:\s+\d+ / \d+ loss=([0-9.]+),.*num_updates=(
 @pytest.fixture(scope="module")
 def translation_data(tmp_path_factory) -> str:
     """The shipped Multi30k sample (BPE, joint dictionary) with the spaCy parse of its training
-    sources as structural side data."""
+    sources as structural side data; prepared in this process (the preparation is not what this module
+    checks)."""
     root = tmp_path_factory.mktemp("distributed_translation")
     prepared = prepare_sample(str(root), lines=300)
     data_bin = str(root / "data-bin")
-    binarize(prepared, data_bin)
-    run("posattn-parse", ["--backend", "spacy", "--input", f"{prepared}/train.tok.en",
-                          "--output", f"{prepared}/train.conllu"])
-    run("posattn-prepare-structure", [
+    binarize_in_process(prepared, data_bin)
+    parse_in_process(["--backend", "spacy", "--input", f"{prepared}/train.tok.en",
+                      "--output", f"{prepared}/train.conllu"])
+    prepare_structure_in_process([
         "--conllu", f"{prepared}/train.conllu", "--bpe", f"{prepared}/train.bpe.en", "--destdir", data_bin,
         "--split", "train", "--source-lang", "en", "--target-lang", "de"])
     return data_bin
@@ -138,14 +140,14 @@ def tagging_data(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="module")
 def classification_data(tmp_path_factory) -> str:
-    """The shipped SST-2 sample, as fairseq's sentence_prediction task reads it."""
+    """The shipped SST-2 sample, as fairseq's sentence_prediction task reads it (binarized in this process)."""
     root = tmp_path_factory.mktemp("distributed_classification")
     text, data_bin = str(root / "text"), str(root / "data-bin")
     os.makedirs(text)
     split_corpus({"train": os.path.join(REPO, "data", "sst2_sample", "stsa.binary.train")}, text)
     for field in ("input0", "label"):
-        run("fairseq-preprocess", ["--only-source", "--trainpref", f"{text}/train.{field}",
-                                   "--destdir", f"{data_bin}/{field}", "--workers", "1"])
+        preprocess_in_process(["--only-source", "--trainpref", f"{text}/train.{field}",
+                               "--destdir", f"{data_bin}/{field}", "--workers", "1"])
     return data_bin
 
 

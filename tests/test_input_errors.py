@@ -18,7 +18,7 @@ from typing import List, Tuple
 
 import pytest
 
-from cli_helpers import BIN, SAMPLE, error_line, main_error
+from cli_helpers import BIN, SAMPLE, error_line, main_error, parse_in_process, preprocess_in_process
 from fairseq_posattn.atomic_io import TERMINATED_EXIT_STATUS, read_lines, remove_stale_temporaries
 from fairseq_posattn.cli import (INTERRUPTED_EXIT_STATUS, compare, prepare_structure, prepare_tagging,
                                  prepare_translation, score, tag)
@@ -66,15 +66,15 @@ def head_lines(source: str, dest: Path, n: int) -> Path:
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> Path:
-    """The first LINES lines of every Multi30k split, tokenized, BPE'd, binarized; test.tok.en parsed."""
+    """The first LINES lines of every Multi30k split, tokenized, BPE'd, binarized; test.tok.en parsed; prepared in
+    this process (the cases' inputs, not what they check)."""
     root = tmp_path_factory.mktemp("corpus")
     prepared = root / "prepared"
     prepare_translation_corpus(SAMPLE, str(prepared), "en", "de", bpe_merges=500, max_lines=LINES)
-    tool("fairseq-preprocess", "--source-lang", "en", "--target-lang", "de", "--joined-dictionary",
-         "--workers", "1", "--trainpref", prepared / "train.bpe", "--validpref", prepared / "valid.bpe",
-         "--testpref", prepared / "test.bpe", "--destdir", root / "data-bin")
-    tool("posattn-parse", "--backend", "spacy", "--input", prepared / "test.tok.en",
-         "--output", prepared / "test.conllu")
+    preprocess_in_process(["--source-lang", "en", "--target-lang", "de", "--joined-dictionary", "--workers", "1",
+                           "--trainpref", prepared / "train.bpe", "--validpref", prepared / "valid.bpe",
+                           "--testpref", prepared / "test.bpe", "--destdir", root / "data-bin"])
+    parse_in_process(["--backend", "spacy", "--input", prepared / "test.tok.en", "--output", prepared / "test.conllu"])
     return root
 
 

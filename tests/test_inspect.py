@@ -12,7 +12,7 @@ import pytest
 import torch
 from fairseq import checkpoint_utils
 
-from cli_helpers import binarize, prepare_sample, run
+from cli_helpers import binarize_in_process, prepare_sample, preprocess_in_process, run
 from fairseq_posattn.cli.inspect import build_parser
 from fairseq_posattn.cli.inspect import main as inspect_main
 from fairseq_posattn.inspect import plots
@@ -67,7 +67,8 @@ TRAINED_FILES = {
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> Dict[str, str]:
-    """The first lines of the shipped Multi30k sample, binarized, with spaCy's parses as side data."""
+    """The first lines of the shipped Multi30k sample, binarized, with spaCy's parses as side data; prepared
+    in this process (the preparation is not what this module checks)."""
     from fairseq_posattn.structure.binarize import write_side_data
     from fairseq_posattn.structure.parsers import SpacyParser
     from fairseq_posattn.tasks.translation_structural import structure_prefix
@@ -75,7 +76,7 @@ def corpus(tmp_path_factory) -> Dict[str, str]:
     root = str(tmp_path_factory.mktemp("inspect"))
     prepared = prepare_sample(root, lines=LINES)
     data_bin = os.path.join(root, "data-bin")
-    binarize(prepared, data_bin)
+    binarize_in_process(prepared, data_bin)
     parser = SpacyParser()
     for split in ("train", "valid", "test"):
         with open(f"{prepared}/{split}.tok.en", encoding="utf-8") as f:
@@ -96,12 +97,12 @@ def trained(corpus) -> str:
 
 @pytest.fixture(scope="module")
 def lstm_lm(tmp_path_factory) -> Tuple[str, str]:
-    """A positional attentive LSTM LM trained on a PTB slice."""
+    """A positional attentive LSTM LM trained on a PTB slice (binarized in this process)."""
     root = tmp_path_factory.mktemp("ptb")
     data_bin = str(root / "data-bin")
-    run("fairseq-preprocess", ["--only-source", "--task", "language_modeling", "--workers", "1",
-                               "--destdir", data_bin, "--trainpref", f"{PTB}/valid.txt",
-                               "--validpref", f"{PTB}/valid.txt", "--testpref", f"{PTB}/test.txt"])
+    preprocess_in_process(["--only-source", "--task", "language_modeling", "--workers", "1",
+                           "--destdir", data_bin, "--trainpref", f"{PTB}/valid.txt",
+                           "--validpref", f"{PTB}/valid.txt", "--testpref", f"{PTB}/test.txt"])
     run("fairseq-train", [data_bin, *LSTM, "--save-dir", str(root / "checkpoints")])
     return data_bin, str(root / "checkpoints" / "checkpoint_last.pt")
 

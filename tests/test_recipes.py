@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Dict, List
 
 import pytest
+import torch
 from sacrebleu.metrics import BLEU
 
 from cli_helpers import BIN, SAMPLE
@@ -235,6 +236,20 @@ def test_for_each_run_prints_a_dry_run_in_order(tmp_path):
     result = for_each_run(tmp_path, dry_run=1, failing="none")
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == [f"run {v} {s}" for v in ("pe_add", "conv") for s in (1, 2, 3)] + ["all ended"]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks what the probe finds where torch sees no GPU")
+def test_device_probe_without_gpus_finds_the_cpu():
+    """examples/lib/device.sh counts the GPUs with torch when GPUS is not set (conftest sets it where torch
+    sees none, so that the other recipe runs skip this probe): here 0, so --cpu on 1 device."""
+    env = {name: value for name, value in os.environ.items() if name != "GPUS"}
+    device_sh = shlex.quote(os.path.join(REPO, "examples", "lib", "device.sh"))
+    script = f'source {device_sh}; echo "$GPUS|${{DEVICE_FLAGS[*]}}|$DEVICES"'
+    result = subprocess.run(["bash", "-xc", script], capture_output=True, text=True, check=True,
+                            env={**env, "PATH": f"{BIN}:{env['PATH']}"})
+    assert result.stdout == "0|--cpu|1\n"
+    assert "import torch" in result.stderr and "+ echo 0" not in result.stderr  # torch answered, not the fallback
+
 
 def sample_lines(split: str, lang: str, start: int, n: int) -> List[str]:
     return list(read_lines(os.path.join(SAMPLE, f"{split}.{lang}")))[start:start + n]

@@ -518,7 +518,7 @@ def with_recorded_systems(settings: Settings) -> Settings:
     systems to the settings the results page plans from and removes none."""
     recorded = load_settings(settings).systems
     return dataclasses.replace(settings, systems={
-        task: [s for s in systems_of(task) if s in settings.systems[task] or s in recorded.get(task, [])]
+        task: [s for s in systems_of(task) if s in settings.chosen_systems(task) or s in recorded.get(task, [])]
         for task in TASKS})
 
 

@@ -135,6 +135,8 @@ class Settings:
     out: Path
     tasks: List[str]
     seeds: Dict[str, List[int]]
+    #: per task its chosen systems; a task neither run nor given ``<TASK>_SYSTEMS`` is absent and has every one
+    #: of its systems (:meth:`chosen_systems`), listed only when asked for
     systems: Dict[str, List[str]]
     tag_sets: List[str]
     translation_max_update: int = 1500
@@ -180,6 +182,8 @@ class Settings:
             if not all(w.isdigit() for w in words) or not words:
                 raise PlanError(f"{task.upper()}_SEEDS / SEEDS must be whole numbers, got {' '.join(words)!r}")
             seeds[task] = [int(w) for w in words]
+            if task not in tasks and not env.get(f"{task.upper()}_SYSTEMS"):
+                continue  # every system, listed when asked for: the length-extrapolation methods import fairseq
             chosen = _words(env, f"{task.upper()}_SYSTEMS", " ".join(systems_of(task)))
             bad = [s for s in chosen if s not in systems_of(task)]
             if bad:
@@ -206,9 +210,15 @@ class Settings:
             data=_data(env),
         )
 
+    def chosen_systems(self, task: str) -> List[str]:
+        """The systems of ``task`` in this plan: those chosen, else every one of the task's."""
+        return self.systems[task] if task in self.systems else list(systems_of(task))
+
     def to_json(self) -> Dict[str, object]:
+        """The settings as JSON values, with the systems of every task."""
         values = asdict(self)
         values["out"] = str(self.out)
+        values["systems"] = {**{task: self.chosen_systems(task) for task in TASKS}, **values["systems"]}
         return values
 
     @classmethod

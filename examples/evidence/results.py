@@ -676,7 +676,7 @@ def load_settings(evidence_out: Optional[str]) -> Settings:
     settings = recorded_settings(planned)
     settings.tasks = list(TASKS)  # every task has its section; those not run show "not run yet"
     settings.systems = {task: [s for s in systems_of(task)
-                               if s in settings.systems.get(task, []) + planned.systems[task]] for task in TASKS}
+                               if s in settings.systems.get(task, []) + planned.chosen_systems(task)] for task in TASKS}
     return settings
 
 
