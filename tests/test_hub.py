@@ -15,12 +15,10 @@ from typing import Dict, List
 import pytest
 import torch
 
-from cli_helpers import SAMPLE, binarize, error_line, prepare_sample, run, run_failing
-from fairseq_posattn.cli import parse as parse_cli
-from fairseq_posattn.cli import prepare_structure as structure_cli
+from cli_helpers import (SAMPLE, binarize, error_line, parse_in_process, prepare_sample, prepare_structure_in_process,
+                         run, run_failing)
 from fairseq_posattn.data.tagged_corpus import read_tagged_conllu
 from fairseq_posattn.data.tagging_binarize import prepare_tagging_data
-from fairseq_posattn.structure.parse_pipeline import parse_corpus
 from model_helpers import REPO, USER_DIR
 from test_pos_tagging import EWT_DEV, EWT_TRAIN
 from test_transformer_lm_cli import DATA as LM_DATA
@@ -95,12 +93,11 @@ def translation(tmp_path_factory):
     destdir = str(root / "data-bin")
     binarize(prepared, destdir)
     # posattn-parse and posattn-prepare-structure of the training side, in this process
-    parsing = parse_cli.build_parser().parse_args(["--backend", "spacy", "--input", f"{prepared}/train.tok.en",
-                                                   "--output", f"{prepared}/train.conllu"])
-    parse_corpus(parse_cli.backend_spec(parsing), parsing.output)
-    structure_cli.prepare_structure(structure_cli.build_parser().parse_args([
+    parse_in_process(["--backend", "spacy", "--input", f"{prepared}/train.tok.en",
+                      "--output", f"{prepared}/train.conllu"])
+    prepare_structure_in_process([
         "--conllu", f"{prepared}/train.conllu", "--bpe", f"{prepared}/train.bpe.en", "--destdir", destdir,
-        "--split", "train", "--source-lang", "en", "--target-lang", "de"]))
+        "--split", "train", "--source-lang", "en", "--target-lang", "de"])
     for family, flags in FAMILIES.items():
         run("fairseq-train", [destdir, *TRANSLATION, *flags, "--save-dir", str(root / family)])
     return {"root": root, "prepared": prepared, "data_bin": destdir, "codes": f"{prepared}/bpe.codes"}

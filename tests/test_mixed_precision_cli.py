@@ -14,18 +14,15 @@ import numpy as np
 import pytest
 import torch
 from fairseq import checkpoint_utils, metrics, options
-from fairseq_cli import preprocess as preprocess_cli
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from cli_helpers import binarize, prepare_sample, run, run_failing
-from fairseq_posattn.cli import prepare_structure as prepare_structure_cli
+from cli_helpers import (binarize, parse_in_process, prepare_sample, prepare_structure_in_process, preprocess_in_process,
+                         run, run_failing)
 from fairseq_posattn.criterions.pos_tagging import PosTaggingCriterion, tagging_counts
 from fairseq_posattn.data.sentence_classification import split_corpus
 from fairseq_posattn.data.tagged_corpus import AMBIGUOUS_FLAG, OOV_FLAG
 from fairseq_posattn.data.tagging_binarize import prepare_tagging_data
 from fairseq_posattn.optim.rmsprop import FairseqRMSprop, RMSprop, RMSpropConfig
-from fairseq_posattn.structure.parse_pipeline import BackendSpec, parse_corpus
-from fairseq_posattn.structure.parsers import DEFAULT_SPACY_MODEL
 from model_helpers import REPO, USER_DIR
 
 # ------------------------------------------------------------------------------------ RMSprop --
@@ -283,11 +280,6 @@ FAMILIES = {  # name -> (data fixture, flags)
 }
 
 
-def preprocess(args: List[str]) -> None:
-    """fairseq-preprocess, in this process (data preparation is not what these tests check)."""
-    preprocess_cli.main(options.get_preprocessing_parser().parse_args([*args, "--workers", "1"]))
-
-
 def train(args: List[str], failing: bool = False):
     """fairseq-train in a subprocess, one thread (the test machine's cores are shared)."""
     return (run_failing if failing else run)("fairseq-train", [*args, *TRAINING], env=ONE_THREAD)
@@ -312,11 +304,10 @@ def translation_bin(translation_corpus) -> str:
 def structural_bin(translation_corpus) -> str:
     """The same corpus with spaCy parses of its source side as structural side data."""
     prepared, data_bin = translation_corpus["prepared"], translation_corpus["data_bin"]
-    for split in ("train", "valid"):  # what posattn-parse and posattn-prepare-structure run, in this process
-        parse_corpus(BackendSpec(
-            backend="spacy", model=DEFAULT_SPACY_MODEL, lang="en", use_gpu=False, batch_size=256,
-            stanza_dir=None, parses=None, input=f"{prepared}/{split}.tok.en"), f"{prepared}/{split}.conllu")
-        prepare_structure_cli.main([
+    for split in ("train", "valid"):  # posattn-parse and posattn-prepare-structure, in this process
+        parse_in_process(["--backend", "spacy", "--input", f"{prepared}/{split}.tok.en",
+                          "--output", f"{prepared}/{split}.conllu"])
+        prepare_structure_in_process([
             "--conllu", f"{prepared}/{split}.conllu", "--bpe", f"{prepared}/{split}.bpe.en",
             "--destdir", data_bin, "--split", split, "--source-lang", "en", "--target-lang", "de"])
     return data_bin
@@ -325,8 +316,8 @@ def structural_bin(translation_corpus) -> str:
 @pytest.fixture(scope="module")
 def ptb_bin(tmp_path_factory) -> str:
     destdir = str(tmp_path_factory.mktemp("ptb_mixed") / "data-bin")
-    preprocess(["--only-source", "--task", "language_modeling", "--trainpref", f"{PTB}/train.txt",
-                "--validpref", f"{PTB}/valid.txt", "--destdir", destdir])
+    preprocess_in_process(["--only-source", "--task", "language_modeling", "--trainpref", f"{PTB}/train.txt",
+                           "--validpref", f"{PTB}/valid.txt", "--destdir", destdir, "--workers", "1"])
     return destdir
 
 
@@ -345,8 +336,9 @@ def classification_bin(tmp_path_factory) -> str:
     os.makedirs(text)
     split_corpus({"train": f"{SST2}/stsa.binary.train", "valid": f"{SST2}/stsa.binary.dev"}, text, labels=["0", "1"])
     for field in ("input0", "label"):
-        preprocess(["--only-source", "--trainpref", f"{text}/train.{field}", "--validpref", f"{text}/valid.{field}",
-                    "--destdir", f"{destdir}/{field}"])
+        preprocess_in_process(["--only-source", "--trainpref", f"{text}/train.{field}",
+                               "--validpref", f"{text}/valid.{field}", "--destdir", f"{destdir}/{field}",
+                               "--workers", "1"])
     return destdir
 
 
