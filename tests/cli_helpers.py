@@ -92,6 +92,17 @@ def prepare_structure_in_process(args: Arguments) -> None:
         [str(arg) for arg in args]))
 
 
+def add_structure_in_process(prepared: str, data_bin: str, splits: Sequence[str]) -> None:
+    """The structural side data of a prepared en-de sample, in this process: per split, posattn-parse (spaCy)
+    of its tokenized English, then posattn-prepare-structure of that parse and its BPE into ``data_bin``."""
+    for split in splits:
+        parse_in_process(["--backend", "spacy", "--input", f"{prepared}/{split}.tok.en",
+                          "--output", f"{prepared}/{split}.conllu"])
+        prepare_structure_in_process([
+            "--conllu", f"{prepared}/{split}.conllu", "--bpe", f"{prepared}/{split}.bpe.en", "--destdir", data_bin,
+            "--split", split, "--source-lang", "en", "--target-lang", "de"])
+
+
 def hypotheses(generate_output: str) -> Dict[int, str]:
     """``H-<id>`` lines of fairseq-generate / fairseq-interactive output, by id."""
     found = {}

@@ -26,8 +26,8 @@ import torch
 from fairseq import options
 from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
-from cli_helpers import (BIN, binarize_in_process, parse_in_process, prepare_sample, prepare_structure_in_process,
-                         preprocess_in_process, run, run_failing)
+from cli_helpers import (BIN, add_structure_in_process, binarize_in_process, prepare_sample, preprocess_in_process, run,
+                         run_failing)
 from fairseq_posattn.data.sentence_classification import split_corpus
 from fairseq_posattn.distributed_compat import adopt_torchrun_environment
 from model_helpers import REPO, USER_DIR
@@ -109,11 +109,7 @@ def translation_data(tmp_path_factory) -> str:
     prepared = prepare_sample(str(root), lines=300)
     data_bin = str(root / "data-bin")
     binarize_in_process(prepared, data_bin)
-    parse_in_process(["--backend", "spacy", "--input", f"{prepared}/train.tok.en",
-                      "--output", f"{prepared}/train.conllu"])
-    prepare_structure_in_process([
-        "--conllu", f"{prepared}/train.conllu", "--bpe", f"{prepared}/train.bpe.en", "--destdir", data_bin,
-        "--split", "train", "--source-lang", "en", "--target-lang", "de"])
+    add_structure_in_process(prepared, data_bin, ["train"])
     return data_bin
 
 

@@ -15,8 +15,8 @@ from typing import Dict, List
 import pytest
 import torch
 
-from cli_helpers import (SAMPLE, binarize, error_line, parse_in_process, prepare_sample, prepare_structure_in_process,
-                         run, run_failing)
+from cli_helpers import (SAMPLE, add_structure_in_process, binarize_in_process, error_line, prepare_sample, run,
+                         run_failing)
 from fairseq_posattn.data.tagged_corpus import read_tagged_conllu
 from fairseq_posattn.data.tagging_binarize import prepare_tagging_data
 from model_helpers import REPO, USER_DIR
@@ -91,13 +91,8 @@ def translation(tmp_path_factory):
     root = tmp_path_factory.mktemp("hub_translation")
     prepared = prepare_sample(str(root), lines=LINES)
     destdir = str(root / "data-bin")
-    binarize(prepared, destdir)
-    # posattn-parse and posattn-prepare-structure of the training side, in this process
-    parse_in_process(["--backend", "spacy", "--input", f"{prepared}/train.tok.en",
-                      "--output", f"{prepared}/train.conllu"])
-    prepare_structure_in_process([
-        "--conllu", f"{prepared}/train.conllu", "--bpe", f"{prepared}/train.bpe.en", "--destdir", destdir,
-        "--split", "train", "--source-lang", "en", "--target-lang", "de"])
+    binarize_in_process(prepared, destdir)
+    add_structure_in_process(prepared, destdir, ["train"])
     for family, flags in FAMILIES.items():
         run("fairseq-train", [destdir, *TRANSLATION, *flags, "--save-dir", str(root / family)])
     return {"root": root, "prepared": prepared, "data_bin": destdir, "codes": f"{prepared}/bpe.codes"}

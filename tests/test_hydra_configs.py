@@ -24,7 +24,7 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig, OmegaConf
 
-from cli_helpers import binarize, prepare_sample, run
+from cli_helpers import add_structure_in_process, binarize_in_process, prepare_sample, run
 from fairseq_posattn.data.tagging_binarize import prepare_tagging_data
 from fairseq_posattn.configs import (ConfigCheckError, check_config, config_dir, plugin_dir, registered_names,
                                      shipped_configs)
@@ -292,13 +292,8 @@ def structural_bin(tmp_path_factory) -> str:
     root = str(tmp_path_factory.mktemp("quickstart"))
     prepared = prepare_sample(root, lines=120)
     data_bin = os.path.join(root, "data-bin")
-    binarize(prepared, data_bin)
-    for split in ("train", "valid"):
-        run("posattn-parse", ["--backend", "spacy", "--input", f"{prepared}/{split}.tok.en",
-                              "--output", f"{prepared}/{split}.conllu"])
-        run("posattn-prepare-structure", ["--conllu", f"{prepared}/{split}.conllu", "--bpe", f"{prepared}/{split}.bpe.en",
-                                          "--destdir", data_bin, "--split", split, "--source-lang", "en",
-                                          "--target-lang", "de"])
+    binarize_in_process(prepared, data_bin)
+    add_structure_in_process(prepared, data_bin, ["train", "valid"])
     return data_bin
 
 

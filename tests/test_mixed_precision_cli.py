@@ -16,8 +16,7 @@ import torch
 from fairseq import checkpoint_utils, metrics, options
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from cli_helpers import (binarize, parse_in_process, prepare_sample, prepare_structure_in_process, preprocess_in_process,
-                         run, run_failing)
+from cli_helpers import add_structure_in_process, binarize, prepare_sample, preprocess_in_process, run, run_failing
 from fairseq_posattn.criterions.pos_tagging import PosTaggingCriterion, tagging_counts
 from fairseq_posattn.data.sentence_classification import split_corpus
 from fairseq_posattn.data.tagged_corpus import AMBIGUOUS_FLAG, OOV_FLAG
@@ -303,13 +302,8 @@ def translation_bin(translation_corpus) -> str:
 @pytest.fixture(scope="module")
 def structural_bin(translation_corpus) -> str:
     """The same corpus with spaCy parses of its source side as structural side data."""
-    prepared, data_bin = translation_corpus["prepared"], translation_corpus["data_bin"]
-    for split in ("train", "valid"):  # posattn-parse and posattn-prepare-structure, in this process
-        parse_in_process(["--backend", "spacy", "--input", f"{prepared}/{split}.tok.en",
-                          "--output", f"{prepared}/{split}.conllu"])
-        prepare_structure_in_process([
-            "--conllu", f"{prepared}/{split}.conllu", "--bpe", f"{prepared}/{split}.bpe.en",
-            "--destdir", data_bin, "--split", split, "--source-lang", "en", "--target-lang", "de"])
+    data_bin = translation_corpus["data_bin"]
+    add_structure_in_process(translation_corpus["prepared"], data_bin, ["train", "valid"])
     return data_bin
 
 
