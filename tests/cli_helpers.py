@@ -5,7 +5,7 @@ importing torch and fairseq)."""
 import os
 import subprocess
 import sys
-from typing import Callable, Dict, List, Sequence, Union
+from typing import Callable, Dict, List, Optional, Sequence, Union
 
 import pytest
 from fairseq import options
@@ -13,6 +13,7 @@ from fairseq_cli import preprocess as preprocess_cli
 
 from fairseq_posattn.cli import parse as parse_cli
 from fairseq_posattn.cli import prepare_structure as prepare_structure_cli
+from fairseq_posattn.data.sentence_classification import split_corpus
 from fairseq_posattn.data.text_pipeline import prepare_translation_corpus
 from fairseq_posattn.structure.parse_pipeline import parse_corpus
 from model_helpers import REPO
@@ -76,6 +77,21 @@ def preprocess_in_process(args: Arguments) -> None:
         for handler in [handler for handler in logger.handlers if handler not in earlier]:
             logger.removeHandler(handler)
             handler.close()
+
+
+def binarize_classification_in_process(sources: Dict[str, str], root: str,
+                                       labels: Optional[Sequence[str]] = None) -> str:
+    """Labelled sentence files (``split -> path``: train, optionally valid) as fairseq's sentence_prediction task
+    reads them, in this process: split into ``input0`` and ``label`` text, then fairseq-preprocess of each field.
+    Returns ``root/data-bin``."""
+    text, data_bin = os.path.join(root, "text"), os.path.join(root, "data-bin")
+    os.makedirs(text)
+    split_corpus(sources, text, labels=labels)
+    prefixes = {"train": "--trainpref", "valid": "--validpref"}
+    for field in ("input0", "label"):
+        splits = [arg for split in sources for arg in (prefixes[split], f"{text}/{split}.{field}")]
+        preprocess_in_process(["--only-source", *splits, "--destdir", f"{data_bin}/{field}", "--workers", "1"])
+    return data_bin
 
 
 def parse_in_process(args: Arguments) -> None:

@@ -26,9 +26,9 @@ import torch
 from fairseq import options
 from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
-from cli_helpers import (BIN, add_structure_in_process, binarize_in_process, prepare_sample, preprocess_in_process, run,
-                         run_failing)
-from fairseq_posattn.data.sentence_classification import split_corpus
+from cli_helpers import (BIN, add_structure_in_process, binarize_classification_in_process, binarize_in_process,
+                         prepare_sample, run, run_failing)
+from fairseq_posattn.data.tagging_binarize import prepare_tagging_data
 from fairseq_posattn.distributed_compat import adopt_torchrun_environment
 from model_helpers import REPO, USER_DIR
 
@@ -125,26 +125,19 @@ def lm_data(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="module")
 def tagging_data(tmp_path_factory) -> str:
-    """The shipped UD English-EWT sample."""
+    """The shipped UD English-EWT sample, prepared in this process (what posattn-prepare-tagging runs)."""
     data_bin = str(tmp_path_factory.mktemp("distributed_tagging") / "data-bin")
     ewt = os.path.join(REPO, "data", "ud_ewt_sample")
-    run("posattn-prepare-tagging", ["--train", os.path.join(ewt, "en_ewt-ud-train.sample.conllu"),
-                                    "--valid", os.path.join(ewt, "en_ewt-ud-dev.sample.conllu"),
-                                    "--destdir", data_bin])
+    prepare_tagging_data({"train": [os.path.join(ewt, "en_ewt-ud-train.sample.conllu")],
+                          "valid": [os.path.join(ewt, "en_ewt-ud-dev.sample.conllu")]}, data_bin)
     return data_bin
 
 
 @pytest.fixture(scope="module")
 def classification_data(tmp_path_factory) -> str:
     """The shipped SST-2 sample, as fairseq's sentence_prediction task reads it (binarized in this process)."""
-    root = tmp_path_factory.mktemp("distributed_classification")
-    text, data_bin = str(root / "text"), str(root / "data-bin")
-    os.makedirs(text)
-    split_corpus({"train": os.path.join(REPO, "data", "sst2_sample", "stsa.binary.train")}, text)
-    for field in ("input0", "label"):
-        preprocess_in_process(["--only-source", "--trainpref", f"{text}/train.{field}",
-                               "--destdir", f"{data_bin}/{field}", "--workers", "1"])
-    return data_bin
+    return binarize_classification_in_process({"train": os.path.join(REPO, "data", "sst2_sample", "stsa.binary.train")},
+                                              str(tmp_path_factory.mktemp("distributed_classification")))
 
 
 @pytest.fixture(scope="module")

@@ -16,9 +16,9 @@ import torch
 from fairseq import checkpoint_utils, metrics, options
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from cli_helpers import add_structure_in_process, binarize, prepare_sample, preprocess_in_process, run, run_failing
+from cli_helpers import (add_structure_in_process, binarize, binarize_classification_in_process, prepare_sample,
+                         preprocess_in_process, run, run_failing)
 from fairseq_posattn.criterions.pos_tagging import PosTaggingCriterion, tagging_counts
-from fairseq_posattn.data.sentence_classification import split_corpus
 from fairseq_posattn.data.tagged_corpus import AMBIGUOUS_FLAG, OOV_FLAG
 from fairseq_posattn.data.tagging_binarize import prepare_tagging_data
 from fairseq_posattn.optim.rmsprop import FairseqRMSprop, RMSprop, RMSpropConfig
@@ -325,15 +325,8 @@ def tagging_bin(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="module")
 def classification_bin(tmp_path_factory) -> str:
-    root = tmp_path_factory.mktemp("sst2_mixed")
-    text, destdir = str(root / "text"), str(root / "data-bin")
-    os.makedirs(text)
-    split_corpus({"train": f"{SST2}/stsa.binary.train", "valid": f"{SST2}/stsa.binary.dev"}, text, labels=["0", "1"])
-    for field in ("input0", "label"):
-        preprocess_in_process(["--only-source", "--trainpref", f"{text}/train.{field}",
-                               "--validpref", f"{text}/valid.{field}", "--destdir", f"{destdir}/{field}",
-                               "--workers", "1"])
-    return destdir
+    return binarize_classification_in_process({"train": f"{SST2}/stsa.binary.train", "valid": f"{SST2}/stsa.binary.dev"},
+                                              str(tmp_path_factory.mktemp("sst2_mixed")), labels=["0", "1"])
 
 
 def logged(output: str, kind: str) -> List[Dict[str, float]]:
