@@ -325,8 +325,8 @@ def tagging_bin(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="module")
 def classification_bin(tmp_path_factory) -> str:
-    return binarize_classification_in_process({"train": f"{SST2}/stsa.binary.train", "valid": f"{SST2}/stsa.binary.dev"},
-                                              str(tmp_path_factory.mktemp("sst2_mixed")), labels=["0", "1"])
+    sources = {"train": f"{SST2}/stsa.binary.train", "valid": f"{SST2}/stsa.binary.dev"}
+    return binarize_classification_in_process(sources, str(tmp_path_factory.mktemp("sst2_mixed")), labels=["0", "1"])
 
 
 def logged(output: str, kind: str) -> List[Dict[str, float]]:
