@@ -280,7 +280,8 @@ def test_a_checkpoint_of_fairseq_train_without_version_evaluates_with_eps_1e6(tm
 def test_the_evidence_plan_keeps_the_recorded_lstm_settings(tmp_path):
     """run_ptb.sh's OPTIMIZER=paper now adds the authors' weight decay, and the attentive models start
     as the authors' code: the evidence plan's LSTM runs pass the settings they were recorded with
-    (no weight decay, U(+-0.1), eps 1e-6), so that running their command again trains the same models."""
+    (no weight decay, U(+-0.1), eps 1e-6, lr patience 5), so that running their command again trains the same
+    models; its runs at the authors' budget halve the lr as the authors' runs did (Salton's after 6 epochs)."""
     sys.path.insert(0, os.path.join(REPO, "examples", "evidence"))
     import evidence_plan as plan
 
@@ -295,6 +296,13 @@ def test_the_evidence_plan_keeps_the_recorded_lstm_settings(tmp_path):
         assert "--optimizer sgd" in train and "--weight-decay 0 " in train, train
         assert ("--attentive-lm-init uniform" in train) == (system != "lstm_lm"), train
         assert ("--positional-attention-eps 1e-6" in train) == (system == "positional_attentive_lstm_lm"), train
+        assert "--lr-patience 5 " in train, train
+    for system, model in plan.LSTM_AUTHORS_SYSTEMS.items():  # the authors' runs: Salton's model waits 6 epochs
+        printed = subprocess.run(["bash", os.path.join(REPO, plan.RECIPES["lm"]), "--dry-run"],
+                                 env={**env, **runs[system].env}, capture_output=True, text=True, check=True).stdout
+        train = next(line for line in printed.splitlines() if "fairseq-train" in line)
+        patience = 6 if model == "attentive_lstm_lm" else 5
+        assert f"--lr-patience {patience} " in train and "--weight-decay 1.2e-6 " in train, train
     plain = subprocess.run(["bash", os.path.join(REPO, plan.RECIPES["lm"]), "--dry-run"],
                            env={**env, "OUT": str(tmp_path / "plain"), "MODELS": "positional_attentive_lstm_lm",
                                 "OPTIMIZER": "paper"}, capture_output=True, text=True, check=True).stdout

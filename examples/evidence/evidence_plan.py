@@ -68,6 +68,7 @@ AUTHORS_EPOCHS = 40  # the default --epochs of the authors' main.py (gautierdag/
 AUTHORS_LR = 30.0
 AUTHORS_WEIGHT_DECAY = "1.2e-6"
 AUTHORS_BATCH_SIZE = 32
+SALTON_LR_PATIENCE = 6  # the authors' run of Salton's model (test.py: --patience 6); the others wait 5
 RECIPES = {"translation": "examples/multi30k_en_de/run.sh", "lm": "examples/language_model/run_ptb.sh",
            "tagging": "examples/pos_tagging/run.sh", "classification": "examples/sentence_classification/run.sh",
            "extrapolation": "examples/length_extrapolation/run.sh"}
@@ -420,7 +421,8 @@ def lm_budget(settings: Settings, system: str) -> str:
                 "authors, --positional-attention-eps 1e-3: the architectures' defaults); batches of "
                 f"{AUTHORS_BATCH_SIZE} sentences (all three models; the authors' plain LSTM baseline: 20); SGD, lr "
                 f"{AUTHORS_LR:g}, no momentum, weight decay {AUTHORS_WEIGHT_DECAY}, clip-norm 0.25, lr x 0.5 after 5 "
-                f"epochs without a lower valid loss (OPTIMIZER=paper); {AUTHORS_EPOCHS} epochs of PTB{cap} (the "
+                f"epochs without a lower valid loss, Salton's model after {SALTON_LR_PATIENCE} as the authors' run of it "
+                f"(OPTIMIZER=paper, LR_PATIENCE); {AUTHORS_EPOCHS} epochs of PTB{cap} (the "
                 "default --epochs of the authors' main.py; their scripted runs allow up to 500, with early "
                 "stopping), no early stopping; fp32; whole sentences (the authors' code cuts them at 35 tokens); "
                 "valid every epoch; checkpoint_best.pt")
@@ -471,6 +473,8 @@ def _language_model(settings: Settings) -> List[Run]:
                 env.update(LSTM_DIM="400", LSTM_LAYERS="2", BATCH_SIZE=str(AUTHORS_BATCH_SIZE), OPTIMIZER="paper",
                            LR=f"{AUTHORS_LR:g}", DROPOUT="0.5" if model == "lstm_lm" else "",
                            WEIGHT_DECAY=AUTHORS_WEIGHT_DECAY, PRECISION="fp32")
+                if model == "attentive_lstm_lm":
+                    env["LR_PATIENCE"] = str(SALTON_LR_PATIENCE)
             else:
                 env.update(TF_DIM="128", TF_FFN="512", TF_LAYERS="2", TF_HEADS="4", BATCH_SIZE="32",
                            OPTIMIZER="adam", LR="0.001", WARMUP="100", DROPOUT="0.1")

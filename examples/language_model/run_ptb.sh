@@ -35,9 +35,10 @@ STOP_TIME_HOURS=${STOP_TIME_HOURS:-0}             # fairseq's --stop-time-hours 
 BATCH_SIZE=${BATCH_SIZE:-32}                      # samples per update, whatever the number of GPUs
 OPTIMIZER=${OPTIMIZER:-adam}                      # adam: Adam + inverse-sqrt warm-up (LR, WARMUP);
                                                   # paper: the authors' SGD (LR, e.g. 30), no momentum, weight
-                                                  # decay WEIGHT_DECAY, lr x 0.5 after 5 epochs without a lower
-                                                  # valid loss, clip-norm 0.25 (needs VALIDATE=1)
+                                                  # decay WEIGHT_DECAY, lr x 0.5 after LR_PATIENCE epochs without
+                                                  # a lower valid loss, clip-norm 0.25 (needs VALIDATE=1)
 LR=${LR:-0.001}
+LR_PATIENCE=${LR_PATIENCE:-5}                     # OPTIMIZER=paper: --lr-patience (the authors' runs: 5; Salton's: 6)
 WARMUP=${WARMUP:-100}
 WEIGHT_DECAY=${WEIGHT_DECAY-}                     # --weight-decay; empty: 1.2e-6 with OPTIMIZER=paper (the
                                                   # authors'), none (fairseq's 0) with adam
@@ -56,8 +57,8 @@ EVAL_MAX_TOKENS=${EVAL_MAX_TOKENS:-4096}
 #   LSTMs (Dagan 2019, as the authors' code runs it): LSTM_DIM=400 LSTM_LAYERS=2 DROPOUT= (empty: the
 #     attentive LSTMs' own 0.5 in/out, 0.2 between layers), batch 32 sentences for the attentive and
 #     positional LMs (BATCH_SIZE=32; 20 is their LSTM baseline's), SGD lr 30, weight decay 1.2e-6, x0.5
-#     after 5 epochs without improvement (Salton's run: 6), clip 0.25 (OPTIMIZER=paper VALIDATE=1 LR=30),
-#     up to 500 epochs with early stopping (MAX_UPDATE=0 MAX_EPOCH=500 PATIENCE=25; the paper says 10),
+#     after 5 epochs without improvement (Salton's run: 6, LR_PATIENCE=6), clip 0.25 (OPTIMIZER=paper
+#     VALIDATE=1 LR=30), up to 500 epochs with early stopping (MAX_UPDATE=0 MAX_EPOCH=500 PATIENCE=25; the paper says 10),
 #     scored from checkpoint_best.pt.  The authors cut training sentences at 35 tokens; here they are
 #     whole (MAX_TARGET_POSITIONS).
 #   Transformer: TF_DIM=512 TF_FFN=2048 TF_LAYERS=6 TF_HEADS=8 (or --arch transformer_lm_posattn_big).
@@ -118,7 +119,7 @@ case "$OPTIMIZER" in
     adam)  OPTIM_FLAGS=(--optimizer adam --adam-betas '(0.9, 0.98)' --clip-norm 1.0 --lr "$LR"
                         --lr-scheduler inverse_sqrt --warmup-updates "$WARMUP" --warmup-init-lr 1e-07) ;;
     paper) OPTIM_FLAGS=(--optimizer sgd --clip-norm 0.25 --lr "$LR" --weight-decay "${WEIGHT_DECAY:-1.2e-6}"
-                        --lr-scheduler reduce_lr_on_plateau --lr-shrink 0.5 --lr-patience 5) ;;
+                        --lr-scheduler reduce_lr_on_plateau --lr-shrink 0.5 --lr-patience "$LR_PATIENCE") ;;
     *) echo "run_ptb.sh: OPTIMIZER must be adam or paper, got '$OPTIMIZER'" >&2; exit 2 ;;
 esac
 [ "$OPTIMIZER" = adam ] && [ -n "$WEIGHT_DECAY" ] && OPTIM_FLAGS+=(--weight-decay "$WEIGHT_DECAY")
