@@ -10,7 +10,7 @@ import os
 import re
 import subprocess
 import sys
-from typing import List
+from typing import Dict, List
 
 import pytest
 import torch
@@ -289,27 +289,28 @@ def test_the_evidence_plan_keeps_the_recorded_lstm_settings(tmp_path):
                                        "PTB_DIR": str(tmp_path / "ptb")})
     runs = {run.system: run for run in plan.build_plan(settings)}
     env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}"}
+
+    def dry_run(settings: Dict[str, str]) -> subprocess.CompletedProcess:
+        return subprocess.run(["bash", os.path.join(REPO, plan.RECIPES["lm"]), "--dry-run"],
+                              env={**env, **settings}, capture_output=True, text=True)
+
+    def train_line(settings: Dict[str, str]) -> str:
+        printed = dry_run(settings)
+        assert printed.returncode == 0, printed.stderr
+        return next(line for line in printed.stdout.splitlines() if "fairseq-train" in line)
+
     for system in plan.LSTM_SYSTEMS:
-        printed = subprocess.run(["bash", os.path.join(REPO, plan.RECIPES["lm"]), "--dry-run"],
-                                 env={**env, **runs[system].env}, capture_output=True, text=True, check=True).stdout
-        train = next(line for line in printed.splitlines() if "fairseq-train" in line)
+        train = train_line(runs[system].env)
         assert "--optimizer sgd" in train and "--weight-decay 0 " in train, train
         assert ("--attentive-lm-init uniform" in train) == (system != "lstm_lm"), train
         assert ("--positional-attention-eps 1e-6" in train) == (system == "positional_attentive_lstm_lm"), train
         assert "--lr-patience 5 " in train, train
     for system, model in plan.LSTM_AUTHORS_SYSTEMS.items():  # the authors' runs: Salton's model waits 6 epochs
-        printed = subprocess.run(["bash", os.path.join(REPO, plan.RECIPES["lm"]), "--dry-run"],
-                                 env={**env, **runs[system].env}, capture_output=True, text=True, check=True).stdout
-        train = next(line for line in printed.splitlines() if "fairseq-train" in line)
+        train = train_line(runs[system].env)
         patience = 6 if model == "attentive_lstm_lm" else 5
         assert f"--lr-patience {patience} " in train and "--weight-decay 1.2e-6 " in train, train
-    plain = subprocess.run(["bash", os.path.join(REPO, plan.RECIPES["lm"]), "--dry-run"],
-                           env={**env, "OUT": str(tmp_path / "plain"), "MODELS": "positional_attentive_lstm_lm",
-                                "OPTIMIZER": "paper"}, capture_output=True, text=True, check=True).stdout
-    train = next(line for line in plain.splitlines() if "fairseq-train" in line)
+    train = train_line({"OUT": str(tmp_path / "plain"), "MODELS": "positional_attentive_lstm_lm", "OPTIMIZER": "paper"})
     assert "--weight-decay 1.2e-6" in train and "--attentive-lm-init" not in train
     assert "--positional-attention-eps" not in train
-    refused = subprocess.run(["bash", os.path.join(REPO, plan.RECIPES["lm"]), "--dry-run"],
-                             env={**env, "OUT": str(tmp_path / "refused"), "PATIENCE": "3"},
-                             capture_output=True, text=True)
+    refused = dry_run({"OUT": str(tmp_path / "refused"), "PATIENCE": "3"})
     assert refused.returncode == 2 and "PATIENCE needs VALIDATE=1" in refused.stderr

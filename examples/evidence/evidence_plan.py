@@ -421,8 +421,8 @@ def lm_budget(settings: Settings, system: str) -> str:
                 "authors, --positional-attention-eps 1e-3: the architectures' defaults); batches of "
                 f"{AUTHORS_BATCH_SIZE} sentences (all three models; the authors' plain LSTM baseline: 20); SGD, lr "
                 f"{AUTHORS_LR:g}, no momentum, weight decay {AUTHORS_WEIGHT_DECAY}, clip-norm 0.25, lr x 0.5 after 5 "
-                f"epochs without a lower valid loss, Salton's model after {SALTON_LR_PATIENCE} as the authors' run of it "
-                f"(OPTIMIZER=paper, LR_PATIENCE); {AUTHORS_EPOCHS} epochs of PTB{cap} (the "
+                f"epochs without a lower valid loss, Salton's model after {SALTON_LR_PATIENCE} as the authors' run "
+                f"of it (OPTIMIZER=paper, LR_PATIENCE); {AUTHORS_EPOCHS} epochs of PTB{cap} (the "
                 "default --epochs of the authors' main.py; their scripted runs allow up to 500, with early "
                 "stopping), no early stopping; fp32; whole sentences (the authors' code cuts them at 35 tokens); "
                 "valid every epoch; checkpoint_best.pt")

@@ -58,7 +58,8 @@ EVAL_MAX_TOKENS=${EVAL_MAX_TOKENS:-4096}
 #     attentive LSTMs' own 0.5 in/out, 0.2 between layers), batch 32 sentences for the attentive and
 #     positional LMs (BATCH_SIZE=32; 20 is their LSTM baseline's), SGD lr 30, weight decay 1.2e-6, x0.5
 #     after 5 epochs without improvement (Salton's run: 6, LR_PATIENCE=6), clip 0.25 (OPTIMIZER=paper
-#     VALIDATE=1 LR=30), up to 500 epochs with early stopping (MAX_UPDATE=0 MAX_EPOCH=500 PATIENCE=25; the paper says 10),
+#     VALIDATE=1 LR=30), up to 500 epochs with early stopping (MAX_UPDATE=0 MAX_EPOCH=500 PATIENCE=25;
+#     the paper says 10),
 #     scored from checkpoint_best.pt.  The authors cut training sentences at 35 tokens; here they are
 #     whole (MAX_TARGET_POSITIONS).
 #   Transformer: TF_DIM=512 TF_FFN=2048 TF_LAYERS=6 TF_HEADS=8 (or --arch transformer_lm_posattn_big).
