@@ -156,8 +156,9 @@ SCRIPT = EVIDENCE / "run_lstm_authors_budget.sh"
 def test_the_lstms_at_the_authors_budget_run_the_same_models_with_the_authors_settings(tmp_path):
     """The three systems of the authors' budget: run_ptb.sh's models (MODELS without the suffix), lr 30, weight
     decay 1.2e-6, batch 32, 40 epochs, the lr halved after 5 epochs without improvement (Salton's model: 6, as the
-    authors' run of it), the architectures' own initialisation and eps (nothing passed), 2 seeds, their own
-    folders and budget, whatever the short budget's settings; last in the plan."""
+    authors' run of it), the architectures' own initialisation and eps and OPTIMIZER=paper's gradient per sentence
+    (nothing passed), 2 seeds, their own folders and budget, whatever the short budget's settings; last in the
+    plan."""
     assert plan.LSTM_AUTHORS_SYSTEMS == AUTHORS
     runs = plan.build_plan(plan.Settings.from_env({"EVIDENCE_OUT": str(tmp_path)}))
     authors = [r for r in runs if r.system in AUTHORS]
@@ -175,6 +176,7 @@ def test_the_lstms_at_the_authors_budget_run_the_same_models_with_the_authors_se
             "EVAL_CHECKPOINT": "checkpoint_best.pt", "MAX_UPDATE": "0", "SEED": str(run.seed),
             "DROPOUT": "0.5" if model == "lstm_lm" else "", "PRECISION": "fp32"}
         assert "ATTENTIVE_LM_INIT" not in run.env and "POSITIONAL_ATTENTION_EPS" not in run.env  # the defaults
+        assert "LOSS_AVG" not in run.env  # OPTIMIZER=paper's: the gradient per sentence, the authors' step
         assert run.env.get("LR_PATIENCE") == ("6" if model == "attentive_lstm_lm" else None)  # else run_ptb.sh's 5
         assert run.train_log == run.out_dir / "logs" / f"train.{model}.log"  # run_ptb.sh names its logs by model
         assert (run.train_log, "'max_epoch': 40,") in run.done_when
@@ -182,7 +184,8 @@ def test_the_lstms_at_the_authors_budget_run_the_same_models_with_the_authors_se
         assert f"MODELS={model} " in run.shell() and "LR=30 " in run.shell() and "WEIGHT_DECAY=1.2e-6 " in run.shell()
         for text in ("the authors' settings", "SGD, lr 30, no momentum, weight decay 1.2e-6", "batches of 32",
                      "40 epochs of PTB", "--attentive-lm-init authors", "eps 1e-3", "clip-norm 0.25",
-                     "lr x 0.5 after 5 epochs without a lower valid loss, Salton's model after 6"):
+                     "lr x 0.5 after 5 epochs without a lower valid loss, Salton's model after 6",
+                     "the gradient averaged per sentence (--sentence-avg"):
             assert text in run.budget, text
         assert run.budget != short[model].budget
     # the short budget's settings (LM_EPOCHS, LM_LSTM_LR) change the short budget only
@@ -208,7 +211,7 @@ def test_the_short_budget_lstms_are_planned_as_recorded(monkeypatch):
     assert [r.id for r in runs] == [f"lm/{s}/seed{seed}" for seed in (1, 2) for s in plan.LSTM_SYSTEMS]
     common = ("THREADS=1 PTB_DIR=../shared/data/ptb_lm MODELS={0} PARALLEL=1 SEED=1 MAX_UPDATE=0 MAX_EPOCH=6 "
               "STOP_TIME_HOURS=0 VALIDATE=1 EVAL_CHECKPOINT=checkpoint_best.pt LSTM_DIM=400 LSTM_LAYERS=2 "
-              "BATCH_SIZE=20 OPTIMIZER=paper LR=10 DROPOUT={1} WEIGHT_DECAY=0")
+              "BATCH_SIZE=20 OPTIMIZER=paper LR=10 DROPOUT={1} WEIGHT_DECAY=0 LOSS_AVG=token")
     assert [r.shell() for r in runs[:3]] == [
         f"OUT=evidence-output/lm/{system}/seed1 " + common.format(system, dropout) + extra
         + " bash examples/language_model/run_ptb.sh"

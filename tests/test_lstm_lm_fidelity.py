@@ -277,11 +277,79 @@ def test_a_checkpoint_of_fairseq_train_without_version_evaluates_with_eps_1e6(tm
 
 
 # ---------------------------------------------------------------------------------------------- recipe
+AUTHORS_LR, AUTHORS_CLIP, AUTHORS_WEIGHT_DECAY = 30.0, 0.25, 1.2e-6
+
+
+def one_update(data_bin: str, save_dir: str, lr: float, *extra: str) -> Dict[str, torch.Tensor]:
+    """The weights after fairseq-train's first update: a tiny fairseq ``lstm_lm`` without dropout, seed 1, the
+    whole training set (20 sentences) as one batch, SGD without momentum, weight decay and clip-norm as the
+    authors' (run_ptb.sh's OPTIMIZER=paper); lr 0 leaves the initial weights."""
+    run("fairseq-train", [data_bin, "--task", "language_modeling", "--user-dir", USER_DIR, "--arch", "lstm_lm",
+                          "--decoder-embed-dim", "32", "--decoder-hidden-size", "32", "--decoder-out-embed-dim", "32",
+                          "--decoder-layers", "2", "--share-decoder-input-output-embed", "--dropout", "0",
+                          "--sample-break-mode", "eos", "--tokens-per-sample", "35", "--max-target-positions", "128",
+                          "--optimizer", "sgd", "--lr", str(lr), "--weight-decay", str(AUTHORS_WEIGHT_DECAY),
+                          "--clip-norm", str(AUTHORS_CLIP), "--batch-size", "20", "--required-batch-size-multiple", "1",
+                          "--max-update", "1", "--cpu",
+                          "--seed", "1", "--num-workers", "0", "--disable-validation", "--no-epoch-checkpoints",
+                          "--save-dir", save_dir, "--log-format", "simple", *extra])
+    return torch.load(os.path.join(save_dir, "checkpoint_last.pt"), map_location="cpu", weights_only=False)["model"]
+
+
+@pytest.mark.slow
+def test_the_gradient_per_sentence_takes_the_authors_step(tmp_path):
+    """The authors' update (train.py): the cross-entropy *summed* over the batch's target tokens, its gradient
+    clipped to norm 0.25 (torch's clip_grad_norm_), SGD lr 30 with weight decay 1.2e-6. Re-implemented here from
+    the initial weights, it is the update fairseq-train makes with --sentence-avg (OPTIMIZER=paper's default):
+    clipping rescales any gradient longer than 0.25 to 0.25, and the one per sentence is. fairseq's default
+    gradient per target token is shorter than 0.25 here, so it is not clipped and its step is another."""
+    from fairseq import checkpoint_utils
+    from cli_helpers import preprocess_in_process
+
+    for split, lines in (("train", 20), ("valid", 5)):
+        with open(os.path.join(SAMPLE, f"{split}.txt")) as source, open(tmp_path / f"{split}.txt", "w") as sample:
+            sample.writelines(source.readlines()[:lines])
+    data_bin = str(tmp_path / "data-bin")
+    preprocess_in_process(["--only-source", "--task", "language_modeling", "--workers", "1", "--destdir", data_bin,
+                           "--trainpref", tmp_path / "train.txt", "--validpref", tmp_path / "valid.txt"])
+    initial = str(tmp_path / "initial")
+    one_update(data_bin, initial, 0.0)
+    per_sentence = one_update(data_bin, str(tmp_path / "sentence"), AUTHORS_LR, "--sentence-avg")
+    per_token = one_update(data_bin, str(tmp_path / "token"), AUTHORS_LR)
+
+    (model,), _, task = checkpoint_utils.load_model_ensemble_and_task([os.path.join(initial, "checkpoint_last.pt")])
+    model.train()  # no dropout: the same function as in training
+    task.load_dataset("train")
+    dataset = task.dataset("train")
+    batch = dataset.collater([dataset[i] for i in range(len(dataset))])
+    assert batch["nsentences"] == 20
+    logits = model(**batch["net_input"])[0]
+    summed = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), batch["target"].reshape(-1),
+                                               ignore_index=task.dictionary.pad(), reduction="sum")
+    summed.backward()
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), AUTHORS_CLIP).item()
+    torch.optim.SGD(model.parameters(), lr=AUTHORS_LR, weight_decay=AUTHORS_WEIGHT_DECAY).step()
+    authors = model.state_dict()
+    assert norm / batch["ntokens"] < AUTHORS_CLIP < norm / batch["nsentences"]  # per token: not clipped
+
+    steps = {name: authors[name] - weight for name, weight in
+             torch.load(os.path.join(initial, "checkpoint_last.pt"), weights_only=False)["model"].items()}
+    for name, step in steps.items():  # steps up to ~1 at lr 30: fp32 rounding of the gradient moves them by ~1e-6
+        torch.testing.assert_close(per_sentence[name] - authors[name], torch.zeros_like(step), rtol=0, atol=1e-5)
+    length = torch.cat([step.flatten() for step in steps.values()]).norm().item()
+    token_length = torch.cat([(per_token[name] - authors[name] + step).flatten()
+                              for name, step in steps.items()]).norm().item()
+    print(f"\nstep lengths: the authors' {length:.3f} (lr x 0.25 = 7.5), per token {token_length:.3f}")
+    assert length == pytest.approx(AUTHORS_LR * AUTHORS_CLIP, rel=1e-3)  # the weight decay adds next to nothing
+    assert token_length < 0.99 * length
+
+
 def test_the_evidence_plan_keeps_the_recorded_lstm_settings(tmp_path):
-    """run_ptb.sh's OPTIMIZER=paper now adds the authors' weight decay, and the attentive models start
-    as the authors' code: the evidence plan's LSTM runs pass the settings they were recorded with
-    (no weight decay, U(+-0.1), eps 1e-6, lr patience 5), so that running their command again trains the same
-    models; its runs at the authors' budget halve the lr as the authors' runs did (Salton's after 6 epochs)."""
+    """run_ptb.sh's OPTIMIZER=paper now adds the authors' weight decay and averages the gradient per sentence,
+    and the attentive models start as the authors' code: the evidence plan's LSTM runs pass the settings they were
+    recorded with (no weight decay, per-token gradient, U(+-0.1), eps 1e-6, lr patience 5), so that running their
+    command again trains the same models; its runs at the authors' budget halve the lr as the authors' runs did
+    (Salton's after 6 epochs)."""
     sys.path.insert(0, os.path.join(REPO, "examples", "evidence"))
     import evidence_plan as plan
 
@@ -301,7 +369,7 @@ def test_the_evidence_plan_keeps_the_recorded_lstm_settings(tmp_path):
 
     for system in plan.LSTM_SYSTEMS:
         train = train_line(runs[system].env)
-        assert "--optimizer sgd" in train and "--weight-decay 0 " in train, train
+        assert "--optimizer sgd" in train and "--weight-decay 0 " in train and "--sentence-avg" not in train, train
         assert ("--attentive-lm-init uniform" in train) == (system != "lstm_lm"), train
         assert ("--positional-attention-eps 1e-6" in train) == (system == "positional_attentive_lstm_lm"), train
         assert "--lr-patience 5 " in train, train
@@ -309,8 +377,12 @@ def test_the_evidence_plan_keeps_the_recorded_lstm_settings(tmp_path):
         train = train_line(runs[system].env)
         patience = 6 if model == "attentive_lstm_lm" else 5
         assert f"--lr-patience {patience} " in train and "--weight-decay 1.2e-6 " in train, train
+        assert "--sentence-avg" in train, train
     train = train_line({"OUT": str(tmp_path / "plain"), "MODELS": "positional_attentive_lstm_lm", "OPTIMIZER": "paper"})
-    assert "--weight-decay 1.2e-6" in train and "--attentive-lm-init" not in train
+    assert "--weight-decay 1.2e-6" in train and "--attentive-lm-init" not in train and "--sentence-avg" in train
     assert "--positional-attention-eps" not in train
+    assert "--sentence-avg" not in train_line({"OUT": str(tmp_path / "adam"), "MODELS": "positional_attentive_lstm_lm"})
+    refused = dry_run({"OUT": str(tmp_path / "refused"), "LOSS_AVG": "words"})
+    assert refused.returncode == 2 and "LOSS_AVG must be sentence or token, got 'words'" in refused.stderr
     refused = dry_run({"OUT": str(tmp_path / "refused"), "PATIENCE": "3"})
     assert refused.returncode == 2 and "PATIENCE needs VALIDATE=1" in refused.stderr

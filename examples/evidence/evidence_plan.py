@@ -422,10 +422,12 @@ def lm_budget(settings: Settings, system: str) -> str:
                 f"{AUTHORS_BATCH_SIZE} sentences (all three models; the authors' plain LSTM baseline: 20); SGD, lr "
                 f"{AUTHORS_LR:g}, no momentum, weight decay {AUTHORS_WEIGHT_DECAY}, clip-norm 0.25, lr x 0.5 after 5 "
                 f"epochs without a lower valid loss, Salton's model after {SALTON_LR_PATIENCE} as the authors' run "
-                f"of it (OPTIMIZER=paper, LR_PATIENCE); {AUTHORS_EPOCHS} epochs of PTB{cap} (the "
-                "default --epochs of the authors' main.py; their scripted runs allow up to 500, with early "
-                "stopping), no early stopping; fp32; whole sentences (the authors' code cuts them at 35 tokens); "
-                "valid every epoch; checkpoint_best.pt")
+                "of it (OPTIMIZER=paper, LR_PATIENCE), the gradient averaged per sentence (--sentence-avg, "
+                "LOSS_AVG: under clipping at 0.25 the step the authors take for their loss summed over the batch, "
+                "where fairseq's per-token gradient is often shorter than 0.25); "
+                f"{AUTHORS_EPOCHS} epochs of PTB{cap} (the default --epochs of the authors' main.py; their scripted "
+                "runs allow up to 500, with early stopping), no early stopping; fp32; whole sentences (the authors' "
+                "code cuts them at 35 tokens); valid every epoch; checkpoint_best.pt")
     time = (f"{lm_epochs(settings, system)} epochs of PTB{cap} (a number of epochs rather than a training time: the "
             "budget does not depend on the machine's load, and a run fits in one working session of this machine)")
     if system in LSTM_SYSTEMS:
@@ -462,7 +464,8 @@ def _language_model(settings: Settings) -> List[Run]:
             if system in LSTM_SYSTEMS:
                 env.update(LSTM_DIM="400", LSTM_LAYERS="2", BATCH_SIZE="20", OPTIMIZER="paper",
                            LR=f"{settings.lm_lstm_lr:g}", DROPOUT="0.5" if system == "lstm_lm" else "",
-                           WEIGHT_DECAY="0")  # as recorded: run_ptb.sh's OPTIMIZER=paper now adds 1.2e-6
+                           WEIGHT_DECAY="0",  # as recorded: run_ptb.sh's OPTIMIZER=paper now adds 1.2e-6
+                           LOSS_AVG="token")  # as recorded: OPTIMIZER=paper now averages the gradient per sentence
                 # as recorded: the attentive models' initialisation and eps before the authors' became the defaults
                 if system != "lstm_lm":
                     env["ATTENTIVE_LM_INIT"] = "uniform"

@@ -36,9 +36,15 @@ BATCH_SIZE=${BATCH_SIZE:-32}                      # samples per update, whatever
 OPTIMIZER=${OPTIMIZER:-adam}                      # adam: Adam + inverse-sqrt warm-up (LR, WARMUP);
                                                   # paper: the authors' SGD (LR, e.g. 30), no momentum, weight
                                                   # decay WEIGHT_DECAY, lr x 0.5 after LR_PATIENCE epochs without
-                                                  # a lower valid loss, clip-norm 0.25 (needs VALIDATE=1)
+                                                  # a lower valid loss, clip-norm 0.25 on the gradient of the
+                                                  # loss per sentence (LOSS_AVG; needs VALIDATE=1)
 LR=${LR:-0.001}
 LR_PATIENCE=${LR_PATIENCE:-5}                     # OPTIMIZER=paper: --lr-patience (the authors' runs: 5; Salton's: 6)
+LOSS_AVG=${LOSS_AVG-}                             # the gradient's normalisation: sentence (--sentence-avg: the loss
+                                                  # summed over each sentence, averaged over the batch's sentences)
+                                                  # or token (fairseq's: per target token); empty: sentence with
+                                                  # OPTIMIZER=paper (under clip-norm 0.25 the authors' update for
+                                                  # their summed loss), token with adam
 WARMUP=${WARMUP:-100}
 WEIGHT_DECAY=${WEIGHT_DECAY-}                     # --weight-decay; empty: 1.2e-6 with OPTIMIZER=paper (the
                                                   # authors'), none (fairseq's 0) with adam
@@ -124,6 +130,12 @@ case "$OPTIMIZER" in
     *) echo "run_ptb.sh: OPTIMIZER must be adam or paper, got '$OPTIMIZER'" >&2; exit 2 ;;
 esac
 [ "$OPTIMIZER" = adam ] && [ -n "$WEIGHT_DECAY" ] && OPTIM_FLAGS+=(--weight-decay "$WEIGHT_DECAY")
+[ -n "$LOSS_AVG" ] || { [ "$OPTIMIZER" = paper ] && LOSS_AVG=sentence || LOSS_AVG=token; }
+case "$LOSS_AVG" in
+    sentence) OPTIM_FLAGS+=(--sentence-avg) ;;
+    token) ;;
+    *) echo "run_ptb.sh: LOSS_AVG must be sentence or token, got '$LOSS_AVG'" >&2; exit 2 ;;
+esac
 STOP_FLAGS=(--max-update "$MAX_UPDATE" --max-epoch "$MAX_EPOCH" --stop-time-hours "$STOP_TIME_HOURS")
 if [ "$VALIDATE" = 1 ]; then VALID_FLAGS=(); else VALID_FLAGS=(--disable-validation); fi
 if [ "$PATIENCE" != 0 ]; then
