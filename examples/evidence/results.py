@@ -552,8 +552,9 @@ INTRO = {
         "lr 10 with the defaults of the time, made on this machine's CPU), which says how the models compare "
         "early in training but does not test Dagan's claims, and the authors' (the systems named \"authors' "
         "budget\": their schedule, batch, weight decay, initialisation and eps for 40 epochs; "
-        "`bash examples/evidence/run_lstm_authors_budget.sh`, six trainings side by side, meant for a GPU), which "
-        "does. A wall time measured on a GPU names it (six runs shared it).", ""],
+        "`bash examples/evidence/run_lstm_authors_budget.sh`, six trainings side by side, meant for a GPU: about "
+        "36 minutes on one H200, docs/gpu_check.md), which does. A wall time measured on a GPU names it (six runs "
+        "shared it).", ""],
     "tagging": [
         "`examples/pos_tagging/run.sh` on UD English-EWT (train / dev; EWT has no test set in our data and we "
         "report dev), UPOS and XPOS (EWT's XPOS is the Penn Treebank tag set, so XPOS is compared with the "
