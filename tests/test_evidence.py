@@ -148,17 +148,22 @@ def test_every_planned_system_has_flags_in_its_recipe(tmp_path):
     assert "--decoder-alibi --no-token-positional-embeddings" in printed
 
 
-AUTHORS = {"lstm_lm_authors": "lstm_lm", "attentive_lstm_lm_authors": "attentive_lstm_lm",
+AUTHORS = {"lstm_lm_authors": "baseline_lstm_lm", "attentive_lstm_lm_authors": "attentive_lstm_lm",
            "positional_attentive_lstm_lm_authors": "positional_attentive_lstm_lm"}
+
+
+def short_budget_system(system: str) -> str:
+    """The short budget's system of the claim that an authors'-budget system makes again."""
+    return system.removesuffix("_authors")
 SCRIPT = EVIDENCE / "run_lstm_authors_budget.sh"
 
 
 def test_the_lstms_at_the_authors_budget_run_the_same_models_with_the_authors_settings(tmp_path):
-    """The three systems of the authors' budget: run_ptb.sh's models (MODELS without the suffix), lr 30, weight
-    decay 1.2e-6, batch 32, 40 epochs, the lr halved after 5 epochs without improvement (Salton's model: 6, as the
-    authors' run of it), the architectures' own initialisation and eps and OPTIMIZER=paper's gradient per sentence
-    (nothing passed), 2 seeds, their own folders and budget, whatever the short budget's settings; last in the
-    plan."""
+    """The three systems of the authors' budget: the attentive models of the short budget and the authors' LSTM
+    baseline (baseline_lstm_lm, 3 layers, batch 20), lr 30, weight decay 1.2e-6, batch 32, 40 epochs, the lr
+    halved after 5 epochs without improvement (Salton's model: 6, as the authors' run of it), the architectures'
+    own dropout, initialisation and eps and OPTIMIZER=paper's gradient per sentence (nothing passed), 2 seeds,
+    their own folders and budget, whatever the short budget's settings; last in the plan."""
     assert plan.LSTM_AUTHORS_SYSTEMS == AUTHORS
     runs = plan.build_plan(plan.Settings.from_env({"EVIDENCE_OUT": str(tmp_path)}))
     authors = [r for r in runs if r.system in AUTHORS]
@@ -166,15 +171,16 @@ def test_the_lstms_at_the_authors_budget_run_the_same_models_with_the_authors_se
     assert runs[-len(authors):] == authors  # the long trainings after every other run
     short = {r.system: r for r in runs if r.system in plan.LSTM_SYSTEMS and r.seed == 1}
     for run in authors:
-        model = AUTHORS[run.system]
-        assert run.out_dir == tmp_path / "lm" / run.system / f"seed{run.seed}" != short[model].out_dir
+        model, baseline = AUTHORS[run.system], run.system == "lstm_lm_authors"
+        same_claim = short_budget_system(run.system)
+        assert run.out_dir == tmp_path / "lm" / run.system / f"seed{run.seed}" != short[same_claim].out_dir
         assert {k: run.env[k] for k in ("MODELS", "LR", "WEIGHT_DECAY", "BATCH_SIZE", "MAX_EPOCH", "OPTIMIZER",
                                         "LSTM_DIM", "LSTM_LAYERS", "VALIDATE", "EVAL_CHECKPOINT", "MAX_UPDATE",
                                         "SEED", "DROPOUT", "PRECISION")} == {
-            "MODELS": model, "LR": "30", "WEIGHT_DECAY": "1.2e-6", "BATCH_SIZE": "32", "MAX_EPOCH": "40",
-            "OPTIMIZER": "paper", "LSTM_DIM": "400", "LSTM_LAYERS": "2", "VALIDATE": "1",
-            "EVAL_CHECKPOINT": "checkpoint_best.pt", "MAX_UPDATE": "0", "SEED": str(run.seed),
-            "DROPOUT": "0.5" if model == "lstm_lm" else "", "PRECISION": "fp32"}
+            "MODELS": model, "LR": "30", "WEIGHT_DECAY": "1.2e-6", "BATCH_SIZE": "20" if baseline else "32",
+            "MAX_EPOCH": "40", "OPTIMIZER": "paper", "LSTM_DIM": "400", "LSTM_LAYERS": "3" if baseline else "2",
+            "VALIDATE": "1", "EVAL_CHECKPOINT": "checkpoint_best.pt", "MAX_UPDATE": "0", "SEED": str(run.seed),
+            "DROPOUT": "", "PRECISION": "fp32"}
         assert "ATTENTIVE_LM_INIT" not in run.env and "POSITIONAL_ATTENTION_EPS" not in run.env  # the defaults
         assert "LOSS_AVG" not in run.env  # OPTIMIZER=paper's: the gradient per sentence, the authors' step
         assert run.env.get("LR_PATIENCE") == ("6" if model == "attentive_lstm_lm" else None)  # else run_ptb.sh's 5
@@ -185,9 +191,10 @@ def test_the_lstms_at_the_authors_budget_run_the_same_models_with_the_authors_se
         for text in ("the authors' settings", "SGD, lr 30, no momentum, weight decay 1.2e-6", "batches of 32",
                      "40 epochs of PTB", "--attentive-lm-init authors", "eps 1e-3", "clip-norm 0.25",
                      "lr x 0.5 after 5 epochs without a lower valid loss, Salton's model after 6",
-                     "the gradient averaged per sentence (--sentence-avg"):
+                     "the gradient averaged per sentence (--sentence-avg",
+                     "baseline_lstm_lm: their model without attention, 3 LSTM layers of 400", "batches of 20"):
             assert text in run.budget, text
-        assert run.budget != short[model].budget
+        assert run.budget != short[same_claim].budget
     # the short budget's settings (LM_EPOCHS, LM_LSTM_LR) change the short budget only
     other = plan.build_plan(plan.Settings.from_env({"EVIDENCE_OUT": str(tmp_path), "LM_EPOCHS": "3", "TASKS": "lm",
                                                     "LM_LSTM_LR": "5", "LM_SYSTEMS": " ".join(AUTHORS)}))
@@ -196,7 +203,7 @@ def test_the_lstms_at_the_authors_budget_run_the_same_models_with_the_authors_se
                                                       "LM_SYSTEMS": "attentive_lstm_lm_authors", "LM_SEEDS": "1"}))
     assert capped.env["MAX_UPDATE"] == "3" and "at most 3 updates" in capped.budget  # a smoke run: another budget
     labels = plan.system_labels(plan.Settings.from_env({}), "lm")
-    assert [labels[s] for s in AUTHORS] == ["LSTM (fairseq lstm_lm), authors' budget",
+    assert [labels[s] for s in AUTHORS] == ["LSTM baseline (the authors' code, 3 layers), authors' budget",
                                            "attentive LSTM (Salton et al.), authors' budget",
                                            "positional attentive LSTM (Dagan), authors' budget"]
     assert labels["positional_attentive_lstm_lm"] == "positional attentive LSTM (Dagan), 6 epochs at lr 10"
@@ -240,7 +247,8 @@ def test_the_claims_on_the_lstms_are_made_at_both_budgets(tmp_path, monkeypatch)
     assert [(c.system, c.reference) for c in short] == [
         ("positional_attentive_lstm_lm", "attentive_lstm_lm"), ("lstm_lm", "attentive_lstm_lm"),
         ("lstm_lm", "positional_attentive_lstm_lm")]
-    assert [(AUTHORS[c.system], AUTHORS[c.reference], c.paper_system, c.paper_reference, c.reading) for c in authors] \
+    assert [(short_budget_system(c.system), short_budget_system(c.reference), c.paper_system, c.paper_reference,
+             c.reading) for c in authors] \
         == [(c.system, c.reference, c.paper_system, c.paper_reference, c.reading) for c in short]
     assert all(c.metric == "test_ppl" and c.is_paper_claim for c in authors)
 
@@ -290,7 +298,8 @@ def test_the_script_dry_run_lists_the_six_runs(tmp_path):
         run_id, _, command = line.split("\t")
         system = run_id.split("/")[1]
         assert f"MODELS={AUTHORS[system]} " in command and f"SEED={run_id[-1]} " in command
-        for setting in ("LR=30", "WEIGHT_DECAY=1.2e-6", "BATCH_SIZE=32", "MAX_EPOCH=40", "OPTIMIZER=paper"):
+        batch = "BATCH_SIZE=20" if system == "lstm_lm_authors" else "BATCH_SIZE=32"
+        for setting in ("LR=30", "WEIGHT_DECAY=1.2e-6", batch, "MAX_EPOCH=40", "OPTIMIZER=paper"):
             assert f" {setting} " in command, setting
         assert command.endswith("bash examples/language_model/run_ptb.sh")
     assert not (tmp_path / "manifest.json").exists()  # nothing run, nothing written

@@ -1,7 +1,8 @@
-"""``attentive_lstm_lm`` (Salton et al. 2017) and ``positional_attentive_lstm_lm`` (Dagan 2019):
-attention against a loop-by-loop re-implementation of the papers' equations, causality (the paper's
-sentence normalizer leaks, by design of the option), incremental decoding, no NaN at the first step,
-and end to end through fairseq-preprocess / fairseq-train / fairseq-eval-lm on a PTB slice."""
+"""``attentive_lstm_lm`` (Salton et al. 2017), ``positional_attentive_lstm_lm`` (Dagan 2019) and
+``baseline_lstm_lm`` (Dagan's LSTM baseline): attention and whole models against a loop-by-loop
+re-implementation of the papers' equations, causality (the paper's sentence normalizer leaks, by design of
+the option), incremental decoding, no NaN at the first step, and end to end through fairseq-preprocess /
+fairseq-train / fairseq-eval-lm on a PTB slice."""
 
 import math
 import os
@@ -22,7 +23,8 @@ from fairseq_posattn.models.attentive_lstm_lm import (
 )
 from model_helpers import REPO, USER_DIR, TinyTask, build_model
 
-ARCHS = ["attentive_lstm_lm", "positional_attentive_lstm_lm"]
+ARCHS = ["attentive_lstm_lm", "positional_attentive_lstm_lm"]  # the attentive models
+EVERY_ARCH = [*ARCHS, "baseline_lstm_lm"]
 BLOCK = 12
 TINY_LSTM = [
     "--task", "language_modeling", "--decoder-embed-dim", "32", "--decoder-hidden-size", "32",
@@ -36,7 +38,8 @@ def build_lstm_lm(arch: str, extra: List[str] = (), seed: int = 0):
     torch.manual_seed(seed)
     model = build_model(arch, [*TINY_LSTM, *extra], task=TinyTask(24), tiny=[])
     assert isinstance(model.decoder, AttentiveLSTMDecoder)
-    randomize_attention(model.decoder.attention, seed)
+    if model.decoder.attention is not None:
+        randomize_attention(model.decoder.attention, seed)
     return model.eval()
 
 
@@ -136,11 +139,15 @@ def reference_model_log_probs(model, tokens: Tensor, N: Optional[List[float]] = 
                 h, c = _lstm_cell(x[b, t], h, c, *w)
                 outputs[b, t] = h
         x = outputs
-    if dec.attention_type == "salton":
-        context = reference_salton(dec.attention, x)
+    if dec.attention_type == "none":  # the baseline: the top layer's states
+        out = x
     else:
-        context = reference_positional(dec.attention, x, N or [float(BLOCK)] * B)[0]
-    out = torch.tanh(torch.cat([context, x], -1) @ dec.concat_proj.weight.double().t() + dec.concat_proj.bias.double())
+        if dec.attention_type == "salton":
+            context = reference_salton(dec.attention, x)
+        else:
+            context = reference_positional(dec.attention, x, N or [float(BLOCK)] * B)[0]
+        weight, bias = dec.concat_proj.weight.double(), dec.concat_proj.bias.double()
+        out = torch.tanh(torch.cat([context, x], -1) @ weight.t() + bias)
     logits = out @ dec.embed_tokens.weight.double().t() + dec.output_bias.double()
     return torch.log_softmax(logits, dim=-1)
 
@@ -176,7 +183,7 @@ def test_positional_attention_matches_the_equations(mu_bias, normalizer):
     assert (clamped > 0) if mu_bias is not None else (free > 0)
 
 
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("arch", EVERY_ARCH)
 @torch.no_grad()
 def test_whole_model_matches_the_equations(arch):
     model = build_lstm_lm(arch)
@@ -208,6 +215,13 @@ def test_paper_sizes_and_parameter_counts():
         counts[arch] = sum(p.numel() for p in model.parameters())
     assert round(counts["attentive_lstm_lm"] / 1e6, 2) == 7.06
     assert round(counts["positional_attentive_lstm_lm"] / 1e6, 1) == 6.9
+    # the baseline: 3 layers, dropout 0.4 / 0.25 / 0.5, no attention nor concatenation layer, 7.86M (Table 1)
+    baseline = build_model("baseline_lstm_lm", ["--task", "language_modeling"], task=TinyTask(10000 - 4), tiny=[])
+    dec = baseline.decoder
+    assert (dec.lstm.input_size, dec.hidden_size, dec.num_layers) == (400, 400, 3) and dec.share_input_output_embed
+    assert dec.dropout_in_module.p == 0.4 and dec.lstm.dropout == 0.25 and dec.dropout_out_module.p == 0.5
+    assert dec.attention is None and dec.concat_proj is None
+    assert round(sum(p.numel() for p in baseline.parameters()) / 1e6, 2) == 7.86
     positional = build_model("positional_attentive_lstm_lm", ["--task", "language_modeling"], task=TinyTask(), tiny=[])
     assert positional.decoder.attention.position_generator.hidden_size == 20
     assert positional.decoder.normalizer_type == "block" and positional.decoder.block_length == 1024
@@ -227,10 +241,13 @@ def test_options_reach_the_model():
     with pytest.raises(ValueError, match="--decoder-out-embed-dim"):
         build_model("attentive_lstm_lm", ["--task", "language_modeling", "--decoder-out-embed-dim", "12"],
                     task=TinyTask(), tiny=[])
+    with pytest.raises(ValueError, match="no concatenation layer: --decoder-out-embed-dim must equal"):
+        build_model("baseline_lstm_lm", ["--task", "language_modeling", "--decoder-out-embed-dim", "12",
+                                         "--no-share-decoder-input-output-embed"], task=TinyTask(), tiny=[])
 
 
 # ---------------------------------------------------------------------------- (b) causality
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("arch", EVERY_ARCH)
 @torch.no_grad()
 def test_causal(arch):
     model = build_lstm_lm(arch)
@@ -266,7 +283,7 @@ def test_sentence_normalizer_leaks_the_future():
 
 
 # ---------------------------------------------------------------------------- (c) incremental
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("arch", EVERY_ARCH)
 @pytest.mark.parametrize("first_chunk", [1, 3])
 @torch.no_grad()
 def test_incremental_decoding_equals_the_full_pass(arch, first_chunk):
@@ -288,7 +305,7 @@ def test_incremental_decoding_equals_the_full_pass(arch, first_chunk):
         torch.testing.assert_close(torch.log_softmax(out[:, -1], -1), expected, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("arch", EVERY_ARCH)
 @torch.no_grad()
 def test_sequence_generator_scores_equal_the_full_pass(arch):
     """fairseq's own SequenceGenerator (beam search, reordering, incremental state) gives each
@@ -331,7 +348,7 @@ def test_no_nan_at_the_first_step(arch):
 
 
 # ---------------------------------------------------------------------------- subnormal gradients
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("arch", EVERY_ARCH)
 @pytest.mark.parametrize("training", [True, False])
 def test_near_subnormal_logit_gradients_reach_the_output_layer_as_zero(arch, training):
     """On the CPU the gradient of the logits reaches the output layer with its entries below 2^-100
@@ -491,7 +508,8 @@ def test_help_lists_the_model_options():
     ("attentive_lstm_lm", BLOCKS),
     ("positional_attentive_lstm_lm", BLOCKS),
     ("positional_attentive_lstm_lm", SENTENCES),
-], ids=["attentive-block", "positional-block", "positional-eos35"])
+    ("baseline_lstm_lm", SENTENCES),
+], ids=["attentive-block", "positional-block", "positional-eos35", "baseline-eos35"])
 def test_preprocess_train_eval_lm(ptb_bin, tmp_path, arch, mode):
     save_dir = str(tmp_path / "checkpoints")
     model = [*E2E_MODEL, "--positional-attention-hidden", "8"] if arch.startswith("positional") else E2E_MODEL

@@ -162,6 +162,20 @@ def test_authors_initialisation(arch):
         assert float(heads.abs().max()) <= bound and float(attention.W_mu.weight.abs().max()) > 0.1
 
 
+def test_the_baseline_starts_as_the_authors_model_without_attention():
+    """Dagan's LSTM baseline (their model with attention off): PyTorch's LSTM defaults over 3 layers, the
+    embedding U(+-0.1) with a zero pad row, tied, output bias 0; nothing else."""
+    torch.manual_seed(0)
+    model = build_model("baseline_lstm_lm", ["--task", "language_modeling"], task=TinyTask(200), tiny=[])
+    dec = model.decoder
+    lstm = _bounds(model, "lstm.")
+    assert len(lstm) == 12 and all(0.98 / 20 < largest <= 1 / 20 for largest in lstm.values()), lstm  # 1/sqrt(400)
+    embed = dec.embed_tokens.weight
+    assert 0.099 < float(embed.abs().max()) <= 0.1 and not embed[dec.padding_idx].any()
+    assert not dec.output_bias.any() and dec.share_input_output_embed
+    assert {name for name, _ in dec.named_parameters()} == {"embed_tokens.weight", "output_bias", *lstm}
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 def test_uniform_initialisation(arch):
     """``--attentive-lm-init uniform``: every weight and bias U(+-0.1) (the paper's text), output bias 0."""

@@ -41,7 +41,7 @@ SYSTEMS: Dict[str, Dict[str, str]] = {
         "positional_attentive_lstm_lm": "positional attentive LSTM (Dagan)", "tf_vanilla": "Transformer LM",
         "tf_da": "Transformer LM + DA", "tf_shaw16": "Transformer LM + RPR (k = 16)",
         "tf_direct_both": "Transformer LM + P+R", "tf_conv2d": "Transformer LM + Conv2d",
-        "lstm_lm_authors": "LSTM (fairseq lstm_lm), authors' budget",
+        "lstm_lm_authors": "LSTM baseline (the authors' code, 3 layers), authors' budget",
         "attentive_lstm_lm_authors": "attentive LSTM (Salton et al.), authors' budget",
         "positional_attentive_lstm_lm_authors": "positional attentive LSTM (Dagan), authors' budget",
     },
@@ -60,14 +60,18 @@ DEFAULT_SEEDS = {"translation": "1 2 3", "lm": "1 2", "tagging": "1 2 3", "class
 TAG_SETS = ("upos", "xpos")
 #: the PTB LSTMs at the short budget (LM_EPOCHS epochs at LM_LSTM_LR: lm_budget), as they were recorded
 LSTM_SYSTEMS = ("lstm_lm", "attentive_lstm_lm", "positional_attentive_lstm_lm")
-#: the same three models at the authors' budget (lm_budget), system -> run_ptb.sh's model (its MODELS): their
-#: own output folders and records, the same recipe, model and log names (logs/train.<model>.log)
-LSTM_AUTHORS_SYSTEMS = {"lstm_lm_authors": "lstm_lm", "attentive_lstm_lm_authors": "attentive_lstm_lm",
+#: the three at the authors' budget (lm_budget), system -> run_ptb.sh's model (its MODELS): their own output
+#: folders and records, the same recipe, log names after the model (logs/train.<model>.log); the attentive
+#: models are the short budget's, the LSTM is the authors' own baseline (their model without attention, as
+#: Dagan's Table 1 ran it) where the short budget has fairseq's lstm_lm
+LSTM_AUTHORS_SYSTEMS = {"lstm_lm_authors": "baseline_lstm_lm", "attentive_lstm_lm_authors": "attentive_lstm_lm",
                         "positional_attentive_lstm_lm_authors": "positional_attentive_lstm_lm"}
 AUTHORS_EPOCHS = 40  # the default --epochs of the authors' main.py (gautierdag/pytorch-attentive-lm)
 AUTHORS_LR = 30.0
 AUTHORS_WEIGHT_DECAY = "1.2e-6"
 AUTHORS_BATCH_SIZE = 32
+AUTHORS_BASELINE_BATCH_SIZE = 20  # their LSTM baseline's batch (test.py, "as suggested by Merity et al.")
+AUTHORS_BASELINE_LAYERS = 3
 SALTON_LR_PATIENCE = 6  # the authors' run of Salton's model (test.py: --patience 6); the others wait 5
 RECIPES = {"translation": "examples/multi30k_en_de/run.sh", "lm": "examples/language_model/run_ptb.sh",
            "tagging": "examples/pos_tagging/run.sh", "classification": "examples/sentence_classification/run.sh",
@@ -416,10 +420,12 @@ def lm_budget(settings: Settings, system: str) -> str:
     cap = f", at most {settings.max_update:,} updates" if settings.max_update else ""
     if system in LSTM_AUTHORS_SYSTEMS:
         return ("the authors' settings (their code, gautierdag/pytorch-attentive-lm, as Dagan 2019 describes it): "
-                "Dagan's sizes, embeddings and 2 LSTM layers of 400, tied; dropout 0.5 / 0.2 / 0.5 (the attentive "
-                "models' defaults; lstm_lm: 0.5); the authors' initialisation and eps 1e-3 (--attentive-lm-init "
-                "authors, --positional-attention-eps 1e-3: the architectures' defaults); batches of "
-                f"{AUTHORS_BATCH_SIZE} sentences (all three models; the authors' plain LSTM baseline: 20); SGD, lr "
+                "the attentive models at Dagan's sizes, embeddings and 2 LSTM layers of 400, tied, dropout 0.5 / "
+                f"0.2 / 0.5, batches of {AUTHORS_BATCH_SIZE} sentences; the LSTM baseline as the authors' run of "
+                f"it (baseline_lstm_lm: their model without attention, {AUTHORS_BASELINE_LAYERS} LSTM layers of "
+                f"400, tied, dropout 0.4 / 0.25 / 0.5, batches of {AUTHORS_BASELINE_BATCH_SIZE} sentences); the "
+                "architectures' defaults: the authors' initialisation and eps 1e-3 (--attentive-lm-init authors, "
+                "--positional-attention-eps 1e-3); SGD, lr "
                 f"{AUTHORS_LR:g}, no momentum, weight decay {AUTHORS_WEIGHT_DECAY}, clip-norm 0.25, lr x 0.5 after 5 "
                 f"epochs without a lower valid loss, Salton's model after {SALTON_LR_PATIENCE} as the authors' run "
                 "of it (OPTIMIZER=paper, LR_PATIENCE), the gradient averaged per sentence (--sentence-avg, "
@@ -472,10 +478,12 @@ def _language_model(settings: Settings) -> List[Run]:
                 if system == "positional_attentive_lstm_lm":
                     env["POSITIONAL_ATTENTION_EPS"] = "1e-6"
             elif system in LSTM_AUTHORS_SYSTEMS:
-                # the authors' budget; their initialisation and eps are the architectures' defaults: not passed
-                env.update(LSTM_DIM="400", LSTM_LAYERS="2", BATCH_SIZE=str(AUTHORS_BATCH_SIZE), OPTIMIZER="paper",
-                           LR=f"{AUTHORS_LR:g}", DROPOUT="0.5" if model == "lstm_lm" else "",
-                           WEIGHT_DECAY=AUTHORS_WEIGHT_DECAY, PRECISION="fp32")
+                # the authors' budget; their dropout, initialisation and eps are the architectures' defaults
+                baseline = model == "baseline_lstm_lm"
+                env.update(LSTM_DIM="400", LSTM_LAYERS=str(AUTHORS_BASELINE_LAYERS if baseline else 2),
+                           BATCH_SIZE=str(AUTHORS_BASELINE_BATCH_SIZE if baseline else AUTHORS_BATCH_SIZE),
+                           OPTIMIZER="paper", LR=f"{AUTHORS_LR:g}", DROPOUT="", WEIGHT_DECAY=AUTHORS_WEIGHT_DECAY,
+                           PRECISION="fp32")
                 if model == "attentive_lstm_lm":
                     env["LR_PATIENCE"] = str(SALTON_LR_PATIENCE)
             else:

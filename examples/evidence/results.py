@@ -515,8 +515,8 @@ def budgets(task: str, settings: Settings) -> List[str]:
         return [f"**Seeds**: {seeds}. **Budget**, the same for every model of a kind:", "",
                 f"- LSTMs at the short budget ({', '.join(f'`{s}`' for s in LSTM_SYSTEMS)}): "
                 f"{lm_budget(settings, LSTM_SYSTEMS[0])}.",
-                f"- LSTMs at the authors' budget ({', '.join(f'`{s}`' for s in LSTM_AUTHORS_SYSTEMS)}: the same "
-                f"models, run_ptb.sh's `MODELS` without the suffix): "
+                f"- LSTMs at the authors' budget ({', '.join(f'`{s}`' for s in LSTM_AUTHORS_SYSTEMS)}: "
+                f"run_ptb.sh's `MODELS` {', '.join(f'`{m}`' for m in LSTM_AUTHORS_SYSTEMS.values())}): "
                 f"{lm_budget(settings, next(iter(LSTM_AUTHORS_SYSTEMS)))}.",
                 f"- Transformers: {lm_budget(settings, 'tf_vanilla')}.", ""]
     elif task == "tagging":
@@ -553,7 +553,7 @@ INTRO = {
         "early in training but does not test Dagan's claims, and the authors' (the systems named \"authors' "
         "budget\": their schedule, batch, weight decay, initialisation and eps for 40 epochs; "
         "`bash examples/evidence/run_lstm_authors_budget.sh`, six trainings side by side, meant for a GPU: about "
-        "36 minutes on one H200, docs/gpu_check.md), which does. A wall time measured on a GPU names it (six runs "
+        "35 minutes on one H200, docs/gpu_check.md), which does. A wall time measured on a GPU names it (six runs "
         "shared it).", ""],
     "tagging": [
         "`examples/pos_tagging/run.sh` on UD English-EWT (train / dev; EWT has no test set in our data and we "

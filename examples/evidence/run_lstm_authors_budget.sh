@@ -5,7 +5,7 @@
 # attentive_lstm_lm (Salton et al.) and positional_attentive_lstm_lm (Dagan) at Dagan's sizes with the authors'
 # schedule (SGD lr 30, weight decay 1.2e-6, lr x 0.5 after 5 epochs without a lower valid loss (Salton's: 6),
 # clip-norm 0.25 on the gradient per sentence), batch 32, 40 epochs, their initialisation and eps (the
-# defaults). See docs/gpu_check.md, "The PTB LSTMs at the authors' budget": about 36 minutes on one H200.
+# defaults). See docs/gpu_check.md, "The PTB LSTMs at the authors' budget": about 35 minutes on one H200.
 #
 #   bash examples/evidence/run_lstm_authors_budget.sh [--dry-run] [DEST]
 #

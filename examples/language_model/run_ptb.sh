@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Penn Treebank language modelling: fairseq's lstm_lm, attentive_lstm_lm (Salton et al. 2017),
-# positional_attentive_lstm_lm (Dagan 2019) and transformer_lm_posattn variants, all trained with
+# positional_attentive_lstm_lm (Dagan 2019), Dagan's LSTM baseline (baseline_lstm_lm, as the authors'
+# code builds it) and transformer_lm_posattn variants, all trained with
 # the same budget, evaluated by fairseq-eval-lm in a fresh process from the checkpoint, then a
 # markdown table of valid / test perplexity.  See README.md in this folder.
 #
@@ -113,6 +114,7 @@ model_flags() {
         lstm_lm)                       echo "--arch lstm_lm $lstm" ;;
         attentive_lstm_lm)             echo "--arch attentive_lstm_lm $lstm$init" ;;
         positional_attentive_lstm_lm)  echo "--arch positional_attentive_lstm_lm $lstm$init$eps" ;;
+        baseline_lstm_lm)              echo "--arch baseline_lstm_lm $lstm$init" ;;  # Dagan's LSTM baseline
         tf_vanilla)                    echo "$tf" ;;
         tf_da)                         echo "$tf --decoder-distance-aware" ;;
         tf_shaw16)                     echo "$tf --decoder-relative-positions 16" ;;

@@ -1,6 +1,10 @@
-"""``attentive_lstm_lm`` (Salton et al. 2017) and ``positional_attentive_lstm_lm`` (Dagan 2019).
+"""``attentive_lstm_lm`` (Salton et al. 2017), ``positional_attentive_lstm_lm`` (Dagan 2019) and
+``baseline_lstm_lm``, Dagan's LSTM baseline.
 
-Both are LSTM language models that attend over their own past states (docs/methods.md).
+The first two are LSTM language models that attend over their own past states (docs/methods.md); the
+baseline is the same LSTM without attention, as the authors' code builds it (their model with attention
+off, run in Merity et al.'s setting: 3 layers of 400, tied, dropout 0.4 / 0.25 / 0.5), ``logits_t = E
+h_t + b``.
 Notation: tokens x_1..x_T (fairseq's ``prev_output_tokens``; output t predicts target t), LSTM
 states h_1..h_T of the top layer, H their size, N the position normalizer.
 
@@ -120,6 +124,7 @@ DEFAULT_MAX_TARGET_POSITIONS = int(1e5)
 GAUSSIAN_EPS = 1e-3  # the authors' code (model.py, written 10e-4)
 LEGACY_GAUSSIAN_EPS = 1e-6  # models trained before the default became 1e-3 (version 1, no ``version`` buffer)
 POSITIONAL_ATTENTION_VERSION = 2  # saved as PositionalAttention's ``version`` buffer
+ATTENTIONS = ("salton", "positional", "none")
 NORMALIZERS = ("block", "sentence")
 INITS = ("authors", "uniform")
 # on the CPU, the logits' gradient entries below this are set to 0 (module docstring), in fp32 and
@@ -387,7 +392,7 @@ class AttentiveLSTMDecoder(FairseqIncrementalDecoder):
         init: str = "authors",
     ) -> None:
         super().__init__(dictionary)
-        if attention not in ("salton", "positional"):
+        if attention not in ATTENTIONS:
             raise ValueError(f"unknown attention {attention!r}")
         if init not in INITS:
             raise ValueError(f"--attentive-lm-init must be one of {INITS}, not {init!r}")
@@ -401,6 +406,10 @@ class AttentiveLSTMDecoder(FairseqIncrementalDecoder):
             raise ValueError(
                 "--share-decoder-input-output-embed requires --decoder-embed-dim to match "
                 "--decoder-out-embed-dim")
+        if attention == "none" and out_embed_dim != hidden_size:
+            raise ValueError(
+                "without attention there is no concatenation layer: --decoder-out-embed-dim must equal "
+                "--decoder-hidden-size")
         self.attention_type = attention
         self.hidden_size = hidden_size
         self.num_layers = num_layers
@@ -423,11 +432,14 @@ class AttentiveLSTMDecoder(FairseqIncrementalDecoder):
             embed_dim, hidden_size, num_layers=num_layers, batch_first=True,
             dropout=dropout_hidden if num_layers > 1 else 0.0,
         )
+        self.attention: Optional[nn.Module] = None
+        self.concat_proj: Optional[nn.Linear] = None
         if attention == "salton":
             self.attention = SaltonAttention(hidden_size)
-        else:
+        elif attention == "positional":
             self.attention = PositionalAttention(hidden_size, positional_attention_hidden, eps=positional_attention_eps)
-        self.concat_proj = Linear(2 * hidden_size, out_embed_dim)
+        if self.attention is not None:
+            self.concat_proj = Linear(2 * hidden_size, out_embed_dim)
         if share_input_output_embed:
             self.output_bias = nn.Parameter(torch.zeros(len(dictionary)))
         else:
@@ -444,8 +456,9 @@ class AttentiveLSTMDecoder(FairseqIncrementalDecoder):
         U(+-0.1), pad row 0, or the pretrained one), the output bias (0) and an untied output layer
         (U(+-0.1), bias 0) stay as built: the authors' too."""
         self.lstm.reset_parameters()
-        self.attention.initialise_as_authors()
-        self.concat_proj.reset_parameters()
+        if self.attention is not None:
+            self.attention.initialise_as_authors()
+            self.concat_proj.reset_parameters()
 
     # ------------------------------------------------------------------ forward
     def forward(
@@ -504,10 +517,14 @@ class AttentiveLSTMDecoder(FairseqIncrementalDecoder):
         x = self.dropout_in_module(self.embed_tokens(tokens))
         lstm_state = None if cached is None else (cached["hidden"], cached["cell"])
         h, (hidden, cell) = self.lstm(x, lstm_state)  # B x S x H; the whole sequence at once
+        # the states attended over (the baseline keeps them for their number: the next step's offset)
         memory = h if cached is None else torch.cat([cached["memory"], h], dim=1)
         normalizer = self.normalizer(prev_output_tokens) if self.attention_type == "positional" else None
 
-        if self.checkpoint_activations and incremental_state is None and torch.is_grad_enabled():
+        if self.attention is None:  # the baseline: out_t = h_t
+            context = weights = None
+            attention_state: Dict[str, Tensor] = {}
+        elif self.checkpoint_activations and incremental_state is None and torch.is_grad_enabled():
             # the B x T x T part is recomputed in the backward pass instead of kept; no randomness
             context, weights, attention_state = checkpoint(
                 self.attend, h, memory, offset, normalizer, cached, use_reentrant=False, preserve_rng_state=False)
@@ -519,7 +536,7 @@ class AttentiveLSTMDecoder(FairseqIncrementalDecoder):
             new_state.update(attention_state)
             self.set_incremental_state(incremental_state, "cached_state", new_state)
 
-        out = torch.tanh(self.concat_proj(torch.cat([context, h], dim=-1)))
+        out = h if context is None else torch.tanh(self.concat_proj(torch.cat([context, h], dim=-1)))
         out = self.dropout_out_module(out)
         # "attn" stays None: fairseq's generator reads it as attention over a *source*
         return out, {"attn": [None], "memory_attention": weights}
@@ -648,6 +665,8 @@ class AttentiveLSTMLanguageModel(PosattnHubMixin, FairseqLanguageModel):
         """Build a new model instance (as fairseq's ``lstm_lm``)."""
         if cls.attention_type == "positional":
             positional_attentive_lstm_lm(args)
+        elif cls.attention_type == "none":
+            baseline_lstm_lm(args)
         else:
             attentive_lstm_lm(args)
         task_cfg = getattr(task, "args", None) or getattr(task, "cfg", None)
@@ -706,6 +725,16 @@ class PositionalAttentiveLSTMLanguageModel(AttentiveLSTMLanguageModel):
         _add_positional_args(parser)
 
 
+@register_model("baseline_lstm_lm")
+class BaselineLSTMLanguageModel(AttentiveLSTMLanguageModel):
+    """Dagan's LSTM baseline (2019, Table 1: "Merity et al.", 7.86M parameters on PTB) as the authors' code
+    builds it: their language model with attention off (no concatenation layer; ``logits_t = E h_t + b``),
+    3 LSTM layers of 400, tied, dropout 0.4 on the embeddings, 0.25 between the layers, 0.5 on the output.
+    Not AWD-LSTM: no weight drop, no variational dropout, no ASGD, as theirs."""
+
+    attention_type = "none"
+
+
 @register_model_architecture("attentive_lstm_lm", "attentive_lstm_lm")
 def attentive_lstm_lm(args: Any) -> None:
     """The paper's sizes: embeddings and two LSTM layers of 400, tied, dropout 0.5 / 0.2 / 0.5."""
@@ -737,3 +766,16 @@ def positional_attentive_lstm_lm(args: Any) -> None:
     # PositionalAttention.upgrade_state_dict_named sets 1e-6 back when its weights are loaded
     if getattr(args, "positional_attention_eps", None) is None:
         args.positional_attention_eps = GAUSSIAN_EPS
+
+
+@register_model_architecture("baseline_lstm_lm", "baseline_lstm_lm")
+def baseline_lstm_lm(args: Any) -> None:
+    """The authors' run of the baseline (their test.py): 3 LSTM layers of 400, tied, dropout 0.4 / 0.25 / 0.5
+    (embeddings / between the layers / output)."""
+    dropout = getattr(args, "dropout", None)
+    args.dropout = 0.25 if dropout is None else dropout
+    args.decoder_layers = getattr(args, "decoder_layers", 3)
+    for name, default in (("decoder_dropout_in", 0.4), ("decoder_dropout_out", 0.5)):
+        if getattr(args, name, None) is None:
+            setattr(args, name, default if dropout is None else dropout)
+    attentive_lstm_lm(args)
