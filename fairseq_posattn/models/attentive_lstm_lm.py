@@ -597,7 +597,8 @@ def _add_lstm_lm_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument('--dropout', type=float, metavar='D',
                         help='dropout between the stacked LSTM layers (the paper\'s "recurrent '
                              'connections"), and the default of --decoder-dropout-in/-out when '
-                             'given (default: 0.2 between layers, 0.5 in and out, the paper\'s)')
+                             'given (default: the paper\'s, 0.2 between layers, 0.5 in and out; '
+                             'baseline_lstm_lm: 0.25 between, 0.4 in, 0.5 out)')
     parser.add_argument('--decoder-embed-dim', type=int, metavar='N',
                         help='embedding dimension (default: 400)')
     parser.add_argument('--decoder-embed-path', type=str, metavar='STR',
@@ -605,15 +606,16 @@ def _add_lstm_lm_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument('--decoder-hidden-size', type=int, metavar='N',
                         help='LSTM hidden size (default: --decoder-embed-dim)')
     parser.add_argument('--decoder-layers', type=int, metavar='N',
-                        help='number of stacked LSTM layers (default: 2)')
+                        help='number of stacked LSTM layers (default: 2; baseline_lstm_lm: 3)')
     parser.add_argument('--decoder-out-embed-dim', type=int, metavar='N',
                         help='output of the concatenation layer [c_t; h_t] -> this size; must equal '
                              '--decoder-embed-dim when tied (default: --decoder-embed-dim)')
     parser.add_argument('--decoder-dropout-in', type=float, metavar='D',
-                        help='dropout on the input embeddings (default: --dropout if given, else 0.5)')
+                        help='dropout on the input embeddings (default: --dropout if given, else 0.5; '
+                             'baseline_lstm_lm: 0.4)')
     parser.add_argument('--decoder-dropout-out', type=float, metavar='D',
-                        help='dropout after the concatenation layer, before the output embedding '
-                             '(default: --dropout if given, else 0.5)')
+                        help='dropout after the concatenation layer (baseline_lstm_lm: after the LSTM), before '
+                             'the output embedding (default: --dropout if given, else 0.5)')
     parser.add_argument('--share-decoder-input-output-embed', action=argparse.BooleanOptionalAction,
                         help='tie the output embedding to the input embedding (default: tied, as '
                              'the paper; --no-share-decoder-input-output-embed unties)')
