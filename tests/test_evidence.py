@@ -154,7 +154,7 @@ AUTHORS = {"lstm_lm_authors": "baseline_lstm_lm", "attentive_lstm_lm_authors": "
 
 def short_budget_system(system: str) -> str:
     """The short budget's system of the claim that an authors'-budget system makes again."""
-    return system.removesuffix("_authors")
+    return system.removesuffix(paper_claims.AUTHORS_BUDGET)
 SCRIPT = EVIDENCE / "run_lstm_authors_budget.sh"
 
 
