@@ -6,7 +6,8 @@ PIP := $(PY) -m pip --disable-pip-version-check
 STAMP := $(VENV)/.fairseq-posattn-installed
 FAIRSEQ := fairseq-fixed==0.12.3.1
 
-.PHONY: install quickstart test test-fast benchmark benchmark-full gpu-check check-install clean
+.PHONY: install quickstart test test-fast benchmark benchmark-full require-gpu gpu-check gpu-verify gpu-wheels \
+	check-install clean
 
 install: $(STAMP)
 
@@ -50,8 +51,23 @@ benchmark-full: install
 # The GPU check (docs/gpu_check.md): the precision / checkpointing / compile / distributed tests on the
 # GPU, short --fp16 / --bf16 / --amp trainings on one and on all GPUs, the benchmark with --device cuda;
 # one report in gpu-check-output/ (sized for about 8 minutes on one H100). GPU_CHECK_ARGS=--quick: less.
-gpu-check: install
+gpu-check: require-gpu install
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) scripts/gpu_check.py --output gpu-check-output $(GPU_CHECK_ARGS)
+
+# Says in one line, before anything is installed, that a GPU target needs a GPU.
+require-gpu:
+	@command -v nvidia-smi >/dev/null 2>&1 || { echo "make $(MAKECMDGOALS) needs an NVIDIA GPU (no nvidia-smi here); \
+	on a CPU, \`.venv/bin/python scripts/$(subst -,_,$(MAKECMDGOALS)).py --device cpu --tiny\` runs its smoke form" >&2; exit 2; }
+
+# The fused attention paths proven and timed on a GPU in one short run (docs/gpu_check.md): correctness
+# of every kernel path, long blocks, translation lengths; gpu-verify-output/report.md and results.json.
+# It uses the machine's own python3 and CUDA torch, installing what is missing from gpu-wheels/.
+gpu-verify:
+	bash scripts/gpu_verify.sh $(GPU_VERIFY_ARGS)
+
+# gpu-wheels/ for a GPU machine without internet (built here, where PyPI is reachable; GPU_PYTHON=python3.12).
+gpu-wheels: install
+	bash scripts/gpu_wheels.sh gpu-wheels
 
 # README "Install into your own environment", checked: a fresh virtualenv with torch and fairseq first,
 # then `pip install` of this package (a clean copy of the working tree); torch and fairseq must stay.
@@ -59,4 +75,4 @@ check-install:
 	bash scripts/check_install.sh check-install-output
 
 clean:
-	rm -rf quickstart-output benchmark-output .pytest_cache
+	rm -rf quickstart-output benchmark-output gpu-check-output gpu-verify-output check-install-output .gpu-site .pytest_cache

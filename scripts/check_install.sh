@@ -10,7 +10,7 @@ set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 WORK="${1:-$(mktemp -d)}"
 mkdir -p "$WORK"
-WORK="$(cd "$WORK" && pwd)"
+WORK="$(cd "$WORK" && pwd -P)"
 ENV="$WORK/env"
 PYTHON="${PYTHON:-python3}"
 step() { echo "==> $*"; }
@@ -49,8 +49,13 @@ fi
 
 step "4/6 outside the repository: the plugin imports, its configs ship, its commands run"
 cd "$WORK"
-USER_DIR="$("$ENV/bin/python" -c 'import fairseq_posattn, os; print(os.path.dirname(fairseq_posattn.__file__))')"
-case "$USER_DIR" in "$REPO"*) echo "imported the repository, not the installed package" >&2; exit 1 ;; esac
+USER_DIR="$("$ENV/bin/python" -c 'import fairseq_posattn, os; print(os.path.dirname(os.path.realpath(fairseq_posattn.__file__)))')"
+# the package must come from the fresh environment's site-packages (the work folder may lie inside the
+# checkout: `make check-install` puts it there, in check-install-output/, which git ignores)
+case "$USER_DIR" in
+    "$ENV"/*) ;;
+    *) echo "imported $USER_DIR, not the package installed into $ENV" >&2; exit 1 ;;
+esac
 ls "$USER_DIR"/configs/*/*.yaml > /dev/null
 export PATH="$ENV/bin:$PATH"
 RAW="$REPO/data/multi30k_sample"

@@ -15,6 +15,7 @@ from fairseq.dataclass.utils import gen_parser_from_dataclass
 
 from fairseq_posattn.modules import position_terms  # noqa: F401  (registers every method)
 from fairseq_posattn.modules.attention import KERNEL_CHOICES, PositionTerms, flex_attention
+from fairseq_posattn.modules.kernel_self_check import SELF_CHECK_CHOICES
 from fairseq_posattn.modules.position_terms.base import SequenceTooLongError
 from fairseq_posattn.modules.position_terms.registry import (
     SIDES,
@@ -41,6 +42,11 @@ KERNEL_OPTIONS = (
                  "allow it, flex_attention on CUDA where every term has a score_mod form, else the "
                  "explicit path), explicit (reference and inspection) or flex (wherever the terms allow it; "
                  "on the CPU flex_attention's unfused implementation)", choices=KERNEL_CHOICES),
+    MethodOption("attention_self_check", "warn",
+                 "the first time a configuration of the {what} takes a fused kernel (flex_attention, SDPA) in a "
+                 "process, compare it with the explicit path on a random batch (outputs and, in training, "
+                 "gradients): on a mismatch warn and take the explicit path from then on, stop with an error, "
+                 "or do not check (off)", choices=SELF_CHECK_CHOICES),
     MethodOption("reset_position_options", False,
                  "load weights whose {what} was trained with other position options (fine-tuning one method "
                  "from another); refused otherwise, so that a resumed checkpoint never silently becomes "
@@ -175,7 +181,8 @@ class SidePositionOptions:
 
     def build_terms(self, layer_index: int, num_heads: int, head_dim: int) -> PositionTerms:
         """The position terms of layer ``layer_index`` (0-based) of this side."""
-        terms = PositionTerms(kernel=self.attention_kernel, where=f"{self.side} self-attention, layer {layer_index}")
+        terms = PositionTerms(kernel=self.attention_kernel, self_check=self.attention_self_check,
+                              where=f"{self.side} self-attention, layer {layer_index}")
         layer = LayerSpec(layer_index, num_heads, head_dim, self.shared)
         for method in self.methods():
             for term in method.terms(self, layer):

@@ -59,6 +59,7 @@ import torch.nn.functional as F
 from fairseq.modules import MultiheadAttention
 from torch import Tensor, nn
 
+from fairseq_posattn.modules.kernel_self_check import fused_path_agrees
 from fairseq_posattn.modules.position_context import BlockedEntries, PositionContext, Preparation
 from fairseq_posattn.modules.position_terms.base import (
     AdditiveLogitBias,
@@ -77,6 +78,10 @@ try:  # PyTorch >= 2.5
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 except ImportError:  # pragma: no cover - older torch: the kernel never takes the flex path
     create_block_mask = flex_attention = None
+try:  # PyTorch >= 2.3
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+except ImportError:  # pragma: no cover - older torch: SDPA chooses its backend itself
+    SDPBackend = sdpa_kernel = None
 
 logger = logging.getLogger(__name__)
 
@@ -95,8 +100,10 @@ class PositionTerms:
     key_value: List[KeyValueAugmentation] = field(default_factory=list)
     post_softmax: Optional[PostSoftmaxTransform] = None
     temperature: Optional[LearnableTemperature] = None
-    #: ``--{side}-attention-kernel`` and the layer's name in the log ("encoder self-attention, layer 0")
+    #: ``--{side}-attention-kernel``, ``--{side}-attention-self-check`` and the layer's name in the log
+    #: ("encoder self-attention, layer 0")
     kernel: str = "auto"
+    self_check: str = "warn"
     where: str = "self-attention"
 
     def add(self, term: nn.Module) -> None:
@@ -159,8 +166,9 @@ class PositionAwareMultiheadAttention(MultiheadAttention):
         self.key_value_terms = nn.ModuleList(terms.key_value)
         self.post_softmax_term = terms.post_softmax
         self.temperature = terms.temperature
-        self.kernel, self.where = terms.kernel, terms.where
+        self.kernel, self.self_check, self.where = terms.kernel, terms.self_check, terms.where
         self._logged_paths: set = set()
+        self._configuration: Optional[Tuple[str, ...]] = None
 
     # ----------------------------------------------------------------- projections
     def _project(self, x: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
@@ -209,6 +217,25 @@ class PositionAwareMultiheadAttention(MultiheadAttention):
             return SDPA, "query/key transforms and additive biases only"
         return EXPLICIT, "a term rescales the logits and flex_attention is not used here"
 
+    def configuration(self) -> Tuple[str, ...]:
+        """What the kernels see of this layer besides dtype, device and the batch: its sizes and its terms
+        with theirs (the self-check's key: layers of one configuration share one check)."""
+        if self._configuration is None:
+            self._configuration = (f"{self.num_heads} x {self.head_dim}",
+                                   *(repr(term) for term in self.score_terms()))
+        return self._configuration
+
+    def learned_position_parameters(self) -> List[Tuple[str, nn.Parameter]]:
+        """The learned parameters the logit-changing terms read (their own and their side-wide modules'),
+        named ``<term class>.<parameter>``, each once."""
+        named: Dict[int, Tuple[str, nn.Parameter]] = {}
+        for term in self.score_terms():
+            for module in (term, *term.side_modules()):
+                for name, parameter in module.named_parameters():
+                    if parameter.requires_grad:
+                        named.setdefault(id(parameter), (f"{type(module).__name__}.{name}", parameter))
+        return list(named.values())
+
     def _log_path(self, path: str, reason: str) -> None:
         """Say once per layer and path which path it takes (not from a compiled graph: eager calls say it)."""
         if not torch.compiler.is_compiling() and path not in self._logged_paths:
@@ -253,6 +280,8 @@ class PositionAwareMultiheadAttention(MultiheadAttention):
             history = saved_state.get("prev_attn_rows")
 
         path, reason = self.path(need_weights, q.device, decoding=saved_state is not None)
+        if path != EXPLICIT and not fused_path_agrees(self, path, ctx, q.dtype):
+            path, reason = EXPLICIT, f"the {path} kernel failed its self-check here"
         self._log_path(path, reason)
         softmax: Optional[Tensor] = None
         probs: Optional[Tensor] = None
@@ -280,8 +309,22 @@ class PositionAwareMultiheadAttention(MultiheadAttention):
             return out, AttentionWeights(weights, fairseq_layout(softmax, need_head_weights))
         return out, weights
 
+    #: the path every fused path is checked against (kernel_self_check)
+    reference_path = EXPLICIT
+
+    def path_output(self, path: str, q: Tensor, k: Tensor, v: Tensor, ctx: PositionContext,
+                    attn_mask: Optional[Tensor]) -> Tensor:
+        """The ``(batch, heads, tgt_len, head_dim)`` output of ``path`` without dropout (the self-check's
+        comparison; ``q`` scaled and transformed, ``k`` and ``v`` of every key)."""
+        if path == EXPLICIT:
+            return self._attend_explicitly(q, k, v, ctx, attn_mask, None, dropout=False)[0]
+        if path == FLEX:
+            return self._attend_flex(q, k, v, ctx)
+        return self._attend_fused(q, k, v, ctx, attn_mask, dropout=False)
+
     def _attend_fused(
         self, q: Tensor, k: Tensor, v: Tensor, ctx: PositionContext, attn_mask: Optional[Tensor],
+        dropout: bool = True,
     ) -> Tensor:
         tgt_len, src_len = q.size(2), k.size(2)
         mask = ctx.key_padding_bias(q.dtype)  # shared by the layers: never changed in place
@@ -289,8 +332,8 @@ class PositionAwareMultiheadAttention(MultiheadAttention):
             mask = mask + same_dtype(term.bias(ctx, tgt_len, src_len), q.dtype)
         if attn_mask is not None:
             mask = mask + same_dtype(attn_mask, q.dtype)
-        dropout_p = self.dropout_module.p if self.training else 0.0
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=1.0)
+        dropout_p = self.dropout_module.p if self.training and dropout else 0.0
+        return masked_sdpa(q, k, v, mask, dropout_p)
 
     def score_mod(self, ctx: PositionContext, q: Tensor, src_len: int) -> ScoreMod:
         """The layer's terms composed into one ``score_mod``, in the kernel's order."""
@@ -300,10 +343,15 @@ class PositionAwareMultiheadAttention(MultiheadAttention):
         return compose(mods)
 
     def _attend_flex(self, q: Tensor, k: Tensor, v: Tensor, ctx: PositionContext) -> Tensor:
+        """flex_attention on queries and keys padded to a multiple of :data:`FLEX_BLOCK` (the padded
+        keys are masked, the padded query rows dropped; the terms read their tables at clamped
+        indices, so that no index leaves them)."""
         tgt_len, src_len = q.size(2), k.size(2)
         block_mask = ctx.prepared(FlexBlockMask(tgt_len, src_len))
-        return flex_kernel(q.device)(q, k, v, score_mod=self.score_mod(ctx, q, src_len),
-                                     block_mask=block_mask, scale=1.0)
+        score_mod = within(self.score_mod(ctx, q, src_len), tgt_len, src_len)
+        q, k, v = (pad_to_block(t) for t in (q, k, v))
+        out = flex_kernel(q.device)(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=1.0)
+        return out[:, :, :tgt_len]
 
     def explicit_logits(self, q: Tensor, k: Tensor, ctx: PositionContext, attn_mask: Optional[Tensor]) -> Tensor:
         """Steps 2-5 written out: ``(batch, heads, tgt_len, src_len)`` logits, -inf where masked."""
@@ -323,7 +371,7 @@ class PositionAwareMultiheadAttention(MultiheadAttention):
 
     def _attend_explicitly(
         self, q: Tensor, k: Tensor, v: Tensor, ctx: PositionContext,
-        attn_mask: Optional[Tensor], history: Optional[Tensor],
+        attn_mask: Optional[Tensor], history: Optional[Tensor], dropout: bool = True,
     ) -> Tuple[Tensor, Tensor, Tensor, Optional[Tensor]]:
         """Steps 2-7: the output, the softmax S, the weights that multiply V (S after the post-softmax
         transform; S itself without one) and the rows to cache for the transform's next step."""
@@ -338,7 +386,7 @@ class PositionAwareMultiheadAttention(MultiheadAttention):
             blocked = ctx.prepared(BlockedEntries(tgt_len, src_len))
             probs, rows = self.post_softmax_term(probs, blocked, ctx, history)
 
-        dropped = self.dropout_module(probs)
+        dropped = self.dropout_module(probs) if dropout else probs
         out = torch.matmul(dropped, v)
         for term in self.key_value_terms:
             if term.values:
@@ -393,22 +441,62 @@ def apply_densely(score_mod: ScoreMod, scores: Tensor) -> Tensor:
     return score_mod(scores, b, h, q_idx, kv_idx)
 
 
+#: flex_attention's lengths are padded to a multiple of its block size: its backward with a block mask
+#: and a score_mod gave NaN at other lengths (pytorch#153799), and translation batches, whose lengths
+#: change from batch to batch, then compile for a few lengths only
+FLEX_BLOCK = 128
+
+
+def padded_length(length: int) -> int:
+    """``length`` rounded up to a multiple of :data:`FLEX_BLOCK`."""
+    return -(-length // FLEX_BLOCK) * FLEX_BLOCK
+
+
+def pad_to_block(t: Tensor) -> Tensor:
+    """``(batch, heads, length, head_dim)`` zero-padded to :func:`padded_length` along the length."""
+    extra = padded_length(t.size(2)) - t.size(2)
+    return F.pad(t, (0, 0, 0, extra)) if extra else t
+
+
+def within(score_mod: ScoreMod, tgt_len: int, src_len: int) -> ScoreMod:
+    """``score_mod`` read at query and key indices clamped to the ``tgt_len`` x ``src_len`` real ones:
+    flex_attention evaluates it on the padded block too (where the block mask then hides it)."""
+    last_query, last_key = tgt_len - 1, src_len - 1
+
+    def clamped(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        return score_mod(score, b, h, torch.clamp(q_idx, max=last_query), torch.clamp(kv_idx, max=last_key))
+    return clamped
+
+
 @dataclass(frozen=True)
 class FlexBlockMask(Preparation):
-    """flex_attention's block mask of the batch: a query sees the keys that are not pads and, on a
-    causal side, not after it (the last ``tgt_len`` of ``src_len`` tokens)."""
+    """flex_attention's block mask of the batch, over the lengths padded to :data:`FLEX_BLOCK`: a query
+    sees the keys that are real (not pads, not padding of the block) and, on a causal side, not after
+    it (the last ``tgt_len`` of ``src_len`` tokens)."""
 
     tgt_len: int
     src_len: int
 
     def build(self, ctx: PositionContext) -> Any:
         padding, causal, offset = ctx.padding_mask[:, : self.src_len], ctx.causal, self.src_len - self.tgt_len
+        last_key = self.src_len - 1
 
         def visible(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-            seen = ~padding[b, kv_idx]
+            seen = (kv_idx <= last_key) & ~padding[b, torch.clamp(kv_idx, max=last_key)]
             return seen & (kv_idx <= q_idx + offset) if causal else seen
-        return create_block_mask(visible, padding.size(0), None, self.tgt_len, self.src_len,
-                                 device=str(padding.device))
+        return create_block_mask(visible, padding.size(0), None, padded_length(self.tgt_len),
+                                 padded_length(self.src_len), device=str(padding.device))
+
+
+def masked_sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, dropout_p: float) -> Tensor:
+    """SDPA with a float mask (biases, padding, causality folded in), ``q`` already scaled. On CUDA only
+    the memory-efficient and math backends may run it: cuDNN's, torch 2.11's default on H100/H200,
+    gives NaN query gradients with a mask at lengths % 128 == 64 (pytorch#196678), and of the fused
+    backends only the memory-efficient one computes a mask's gradient (a learned bias's)."""
+    if q.device.type != "cuda" or sdpa_kernel is None:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=1.0)
+    with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=1.0)
 
 
 _COMPILED_FLEX: Dict[str, Callable[..., Tensor]] = {}

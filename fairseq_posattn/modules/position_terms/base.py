@@ -109,6 +109,9 @@ class PositionTerm(nn.Module):
     """What every term offers ``posattn-inspect`` (its learned quantities as named arrays) and the
     kernel (its forms: the explicit one of its kind, and where it has one, :meth:`score_mod`)."""
 
+    #: the most tokens the term reads (its tables' positions), None for any number
+    max_positions: Optional[int] = None
+
     def score_mod(self, ctx: PositionContext, q: Tensor, src_len: int) -> Optional[ScoreMod]:
         """The term as a pointwise function of the logit (:data:`ScoreMod`), for the queries ``q``
         ``(batch, heads, tgt_len, head_dim)`` (scaled) of the last ``tgt_len`` of ``src_len`` tokens;

@@ -1,0 +1,44 @@
+"""``scripts/gpu_verify.py`` (``make gpu-verify``) in its CPU smoke form: the three parts' tables written,
+every fused path the CPU can take (flex_attention's forward, SDPA with gradients) agreeing with the explicit
+path; without a GPU the real run stops in one line."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from model_helpers import REPO
+
+SCRIPT = f"{REPO}/scripts/gpu_verify.py"
+
+
+@pytest.mark.slow
+def test_the_smoke_run_writes_every_part_and_every_path_agrees(tmp_path):
+    result = subprocess.run([sys.executable, SCRIPT, "--device", "cpu", "--tiny", "--output", str(tmp_path)],
+                            capture_output=True, text=True, cwd=REPO, timeout=900)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    results = json.loads((tmp_path / "results.json").read_text())
+    rows = results["correctness"]
+    assert rows and all(row["verdict"] == "agrees" for row in rows)
+    paths = {(row["variant"], row["mode"], row["path"]) for row in rows}
+    assert ("distance-aware", "scoring", "flex_attention") in paths
+    assert ("structural-keys-only", "scoring", "flex_attention") in paths
+    assert ("t5-bias", "training", "sdpa") in paths
+    assert not any(row["path"] == "flex_attention" and row["mode"] == "training" for row in rows)  # no CPU backward
+    assert {row["side"] for row in rows} == {"causal, right-padded", "bidirectional, left-padded"}
+    assert any("Transformer LM (fairseq)" in row["check"] for row in results["long_blocks"])
+    assert any("T5 relative bias" in row["check"] for row in results["translation"])
+    assert any(row["variant"].startswith("distance-aware") for row in results["compilations"])
+    report = (tmp_path / "report.md").read_text()
+    for title in ("## a. Correctness", "## b. Long blocks", "## c. Translation lengths", "## c. Compilations"):
+        assert title in report
+
+
+def test_without_a_gpu_the_real_run_stops_in_one_line(tmp_path):
+    result = subprocess.run([sys.executable, SCRIPT, "--output", str(tmp_path / "out")], capture_output=True,
+                            text=True, cwd=REPO)
+    assert result.returncode == 2
+    assert result.stderr.startswith("gpu_verify: no CUDA device") and "Traceback" not in result.stderr
+    assert "make gpu-verify" in result.stderr and "--device cpu --tiny" in result.stderr
+    assert not (tmp_path / "out").exists()
