@@ -3,7 +3,9 @@
 Importing the package applies the compatibility shims (:mod:`fairseq_posattn.compat`, and
 :mod:`fairseq_posattn.distributed_compat` for distributed training on CPU processes and under
 torchrun), makes the plugin's own refusals one line in fairseq's commands
-(:mod:`fairseq_posattn.user_errors`) and registers the architectures and tasks with fairseq.
+(:mod:`fairseq_posattn.user_errors`), registers the architectures and tasks with fairseq, and marks the
+trainer's checkpoint loads (:mod:`fairseq_posattn.models.position_record`: a refusal there advises the
+training flag that makes the change explicit).
 """
 
 try:
@@ -24,7 +26,10 @@ user_errors.install()
 
 from fairseq_posattn import criterions, models, optim, tasks  # noqa: E402,F401  (registers them with fairseq)
 from fairseq_posattn.data import encoders  # noqa: E402,F401  (--tokenizer posattn_moses, --bpe posattn_subword_nmt)
+from fairseq_posattn.models import position_record  # noqa: E402
+
+position_record.install()
 
 compat.show_model_options_in_help()
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"  # the one source of the version (setup.py reads it; CHANGELOG.md)

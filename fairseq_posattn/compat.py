@@ -13,6 +13,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from fairseq_posattn.user_errors import UserError
+
 
 def allow_fairseq_checkpoints_in_torch_load() -> None:
     """fairseq's ``checkpoint_utils.load_checkpoint_to_cpu`` calls ``torch.load`` without
@@ -109,29 +111,41 @@ def train_bf16_without_torch_xla() -> None:
     options.parse_args_and_arch = parse_args_and_arch
 
 
-def refuse_fp16_training_without_cuda() -> None:
+class NeedsCudaError(UserError, ValueError):
+    """A precision option of fairseq-train that only CUDA gives."""
+
+
+def refuse_cuda_precision_on_a_cpu() -> None:
     """fairseq's fp16 training reaches for CUDA whatever the device: ``FP16Optimizer.build_fp32_params``
     flattens the fp32 master weights onto ``torch.cuda.current_device()``, so ``fairseq-train --fp16``
     fails at start-up on a CPU with "Torch not compiled with CUDA enabled" (or "No CUDA GPUs are
     available"), and when the loss scaler finds an overflow ``Trainer.train_step`` resets the
     gradient norm with ``torch.tensor(0.0).cuda()``, so ``--fp16-no-flatten-grads`` and
-    ``--memory-efficient-fp16`` run until the first overflow and crash there. Refuse fp16 training
-    on a CPU when the trainer is built, saying what to use instead."""
+    ``--memory-efficient-fp16`` run until the first overflow and crash there. ``--amp`` is CUDA's autocast
+    and gradient scaler, which torch disables without CUDA: it trains in fp32, and its checkpoint says
+    ``amp=True``. Refuse both on a CPU when the trainer is built, in one line, saying what to use instead."""
     from fairseq.trainer import Trainer
 
     original = Trainer.__init__
-    if getattr(original, "refuses_fp16_without_cuda", False):
+    if getattr(original, "refuses_cuda_precision_on_a_cpu", False):
         return
 
     def __init__(self, cfg, *args, **kwargs):
         original(self, cfg, *args, **kwargs)
-        if self.cfg.common.fp16 and not self.cuda and not self.tpu:
-            raise ValueError(
+        if self.cuda or self.tpu:
+            return
+        if self.cfg.common.fp16:
+            raise NeedsCudaError(
                 "--fp16 / --memory-efficient-fp16 need a CUDA GPU: fairseq's fp16 training moves its "
                 "master weights and its loss-scaling overflow handling to CUDA. On a CPU use --bf16 or "
                 "--memory-efficient-bf16 (bfloat16, no loss scaling)")
+        if self.cfg.common.amp:
+            raise NeedsCudaError(
+                "--amp needs a CUDA GPU: it is CUDA's autocast and gradient scaler, which torch turns off on a "
+                "CPU, so the model would train in fp32 while its checkpoint says amp. On a CPU drop --amp (fp32) "
+                "or use --bf16 (bfloat16)")
 
-    __init__.refuses_fp16_without_cuda = True
+    __init__.refuses_cuda_precision_on_a_cpu = True
     Trainer.__init__ = __init__
 
 
@@ -139,4 +153,4 @@ def apply_all() -> None:
     allow_fairseq_checkpoints_in_torch_load()
     restore_numpy_compat()
     train_bf16_without_torch_xla()
-    refuse_fp16_training_without_cuda()
+    refuse_cuda_precision_on_a_cpu()

@@ -33,11 +33,15 @@ from torch import nn
 
 from fairseq_posattn.data.fingerprint import DataMismatchError
 from fairseq_posattn.models.evaluation_coverage import check_hub_lengths, model_input_lengths
+from fairseq_posattn.structure.alignment import BPE_SEPARATOR
 from fairseq_posattn.tasks.pos_tagging import PosTaggingTask
+from fairseq_posattn.user_errors import UserError
 
 #: ``max_tokens`` per batch when the checkpoint's config has neither --max-tokens nor --batch-size
 #: (fairseq-eval-lm's own fallback)
 DEFAULT_MAX_TOKENS = 36000
+#: a source dictionary is one of BPE pieces when more than this share of its symbols end in ``@@``
+BPE_SYMBOL_FRACTION = 0.01
 
 Sentence = Union[str, Sequence[str]]
 
@@ -48,13 +52,39 @@ def from_pretrained(model_name_or_path: str, checkpoint_file: str = "model.pt", 
     checkpoint's config, e.g. ``tokenizer="posattn_moses"``) and wrap them in their family's interface.
 
     A data directory whose dictionaries are not those the checkpoint was trained with raises
-    :class:`~fairseq_posattn.data.fingerprint.DataMismatchError` naming the checkpoint file."""
+    :class:`~fairseq_posattn.data.fingerprint.DataMismatchError` naming the checkpoint file; a tokenizer without
+    the BPE of a model trained on BPE raises :class:`TokenizerWithoutBpeError`."""
     try:
         loaded = hub_utils.from_pretrained(model_name_or_path, checkpoint_file, data_name_or_path,
                                            archive_map=archive_map, **kwargs)
     except DataMismatchError as error:
         raise error.naming(os.path.join(model_name_or_path, checkpoint_file)) from None
+    refuse_tokenizer_without_bpe(loaded["args"], loaded["task"])
     return hub_interface(loaded["args"], loaded["task"], loaded["models"])
+
+
+class TokenizerWithoutBpeError(UserError, ValueError):
+    """Raw text would be tokenized for a model trained on BPE pieces, but not segmented into them."""
+
+
+def refuse_tokenizer_without_bpe(cfg: Any, task: Any) -> None:
+    """Raise :class:`TokenizerWithoutBpeError` when ``cfg`` names a tokenizer but no BPE and the task's source
+    dictionary is one of subword-nmt pieces: more than :data:`BPE_SYMBOL_FRACTION` of its symbols end in the
+    continuation marker ``@@`` (Moses puts every ``@`` of real text in a token of its own). The words of raw text
+    would then reach the model whole, and most of them as ``<unk>``."""
+    tokenizer, dictionary = cfg.get("tokenizer"), getattr(task, "source_dictionary", None)
+    if tokenizer is None or cfg.get("bpe") is not None or dictionary is None:
+        return
+    symbols = dictionary.symbols[dictionary.nspecial:]
+    pieces = [symbol for symbol in symbols if symbol.endswith(BPE_SEPARATOR) and symbol != BPE_SEPARATOR]
+    if len(pieces) <= BPE_SYMBOL_FRACTION * len(symbols):
+        return
+    raise TokenizerWithoutBpeError(
+        f"the model was trained on BPE: {len(pieces)} of the {len(symbols)} symbols of its source dictionary (in "
+        f"{task.cfg.data}) are subword-nmt pieces ending in '{BPE_SEPARATOR}' (e.g. {pieces[0]!r}). With "
+        f"tokenizer={tokenizer.get('_name')!r} and no bpe, raw text would be tokenized but not segmented, and most "
+        f"words would reach the model as <unk>: add bpe='posattn_subword_nmt', bpe_codes='PREPARED/bpe.codes' (the "
+        f"bpe.codes that posattn-prepare-translation wrote in its --out-dir) to from_pretrained")
 
 
 def hub_interface(cfg: Any, task: Any, models: List[nn.Module]) -> nn.Module:

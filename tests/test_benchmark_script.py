@@ -1,6 +1,6 @@
 """scripts/posattn_benchmark runs end to end at tiny sizes: every kind of group (translation with
-structural side data and beam search, language model), the target check and the README section it
-regenerates. Nothing here asserts a timing: the numbers come from `make benchmark`."""
+structural side data and beam search, language model), the target check and the section of
+docs/benchmark.md it regenerates (`--readme`). Nothing here asserts a timing: the numbers come from `make benchmark`."""
 
 import os
 import subprocess
@@ -26,7 +26,7 @@ END = "<!-- end of benchmark -->"
 
 @pytest.mark.slow
 def test_report_of_every_group_kind_replaces_the_readme_section(tmp_path):
-    readme = tmp_path / "README.md"
+    readme = tmp_path / "page.md"
     readme.write_text(f"# Project\n\n## Benchmark\n\nprose\n\n{START}\nold table\n{END}\n\n## Next\n")
     output = tmp_path / "benchmark.md"
     command = [sys.executable, SCRIPT, *TINY, "--variants", "struct-rel", "lm-conv-1d",
@@ -40,33 +40,38 @@ def test_report_of_every_group_kind_replaces_the_readme_section(tmp_path):
                  "| Transformer (fairseq) | `--arch transformer_iwslt_de_en` |",
                  "| Transformer LM (fairseq) | `--arch transformer_lm` |",
                  "| Structural rel (r=16) | `--encoder-structural-positions relative` |",
-                 "| +Conv | `--decoder-conv-attention 1d` |", "**Beam search**", "**Targets**"):
+                 "| +Conv | `--decoder-conv-attention 1d` |", "**Decoding**", "**Targets**"):
         assert line in report, line
     assert "- Ratios: " in report and "targets met" in report
-    train_table = report.split("**Train step**")[1].split("**Beam search**")[0]
+    train_table = report.split("**Train step**")[1].split("**Decoding**")[0]
     rows = [row for row in train_table.splitlines()
             if row.startswith("| ") and "**" not in row and not row.startswith("| variant")]
     assert len(rows) == 6 and all(row.count("|") == 8 for row in rows), rows  # 3 groups of 2 models
     assert rows[0].startswith("| Transformer (fairseq)") and rows[0].endswith("| 1.00 |  |")
     assert rows[1].startswith("| Structural rel") and "| <= 1.10 / <= 1.10: " in rows[1]  # the target
-    decode_table = report.split("**Beam search**")[1].split("**Targets**")[0]
-    # the language model decodes (incrementally, with its terms) in its sentences group only
-    assert decode_table.count("| **") == 2 and "| **language model, sentences of 20-24** |" in decode_table
+    decode_table = report.split("**Decoding**")[1].split("**Targets**")[0]
+    # the language model decodes (incrementally, with its terms) by beam search in its sentences group only,
+    # and greedily step by step from BOS in a group of its own, whose bound for a convolution is 0.75
+    assert decode_table.count("| **") == 3, decode_table
+    assert "| **language model, sentences of 20-24: beam 5, 4 tokens + EOS per hypothesis** |" in decode_table
+    greedy = decode_table.split("| **language model, greedy decoding of 48 tokens from BOS (8 sequences, 512 "
+                                "positions)** |")[1]
     decoded = [row for row in decode_table.splitlines() if row.startswith("| +Conv")]
-    assert len(decoded) == 1 and "| >= 0.90: " in decoded[0], decode_table
+    assert len(decoded) == 2 and "| >= 0.90: " in decoded[0] and "| >= 0.75: " in decoded[1], decode_table
+    assert decoded[1] in greedy
     text = readme.read_text()
-    assert "old table" not in text and text.startswith("# Project\n\n## Benchmark\n\nprose\n\n" + START)
+    assert "old table" not in text and text.startswith("# Project\n\n## Benchmark\n\nprose\n\n" + START + "\n- Run: ended ")
     assert text.endswith(f"{END}\n\n## Next\n")
     assert report.split("\n", 2)[2] in text  # the report without its title
 
 
 def test_readme_without_the_markers_is_refused_before_measuring(tmp_path):
-    readme = tmp_path / "README.md"
+    readme = tmp_path / "page.md"
     readme.write_text("# Project\n")
     completed = subprocess.run([sys.executable, SCRIPT, "--readme", str(readme)], capture_output=True,
                                text=True, cwd=REPO, timeout=120)
     assert completed.returncode == 2
-    assert f"README.md: needs exactly one line {START!r} and one line {END!r}" in completed.stderr
+    assert f"page.md: needs exactly one line {START!r} and one line {END!r}" in completed.stderr
     assert readme.read_text() == "# Project\n"
 
 

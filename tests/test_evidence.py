@@ -531,6 +531,9 @@ def test_verdicts_follow_the_stated_rule():
     assert verdict(alike, {1: 0.1, 2: 0.2, 3: -0.1}, {1: 0.4, 2: 0.2, 3: 0.7}, 3)[0] == NO_EFFECT_REPRODUCED
     assert verdict(alike, {1: 0.5, 2: 0.6, 3: 0.4}, {1: 0.01, 2: 0.001, 3: 0.02}, 3)[0] == NOT_REPRODUCED
     assert verdict(alike, {1: 0.5, 2: 0.6, 3: 0.4}, {1: 0.01, 2: 0.3, 3: 0.02}, 3)[0] == INCONCLUSIVE
+    # a difference that prints as 0.00 is a tie: never significant, whatever the bootstrap's p
+    assert verdict(alike, {1: 0.004, 2: 0.0, 3: -0.003}, {1: 0.001, 2: 0.001, 3: 0.001}, 3) == (
+        NO_EFFECT_REPRODUCED, "no seed differs significantly (largest |Δ| 0.00).")
 
 
 def test_models_no_better_than_word_frequencies_are_named_as_such():

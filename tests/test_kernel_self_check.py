@@ -18,6 +18,7 @@ from fairseq_posattn.modules.attention import EXPLICIT, FLEX, SDPA
 from fairseq_posattn.modules.kernel_self_check import FusedKernelMismatch, compare_paths, forget_verdicts
 from fairseq_posattn.modules.position_context import PositionContext, binary_tree_side_data
 from cli_helpers import error_line, preprocess_in_process
+from faulty_kernels import nan_gradient_sdpa, shifted_flex
 from model_helpers import REPO, USER_DIR
 from test_attention_terms import VARIANTS, batch, build_attention, causal_mask, context
 from test_kernel_paths import FUSABLE
@@ -84,31 +85,6 @@ def test_every_sdpa_form_passes_the_check_with_its_gradients(variant, dtype):
     learned = {name for name in comparison.errors if name.startswith("grad ") and "." in name}
     assert learned == {f"grad {name}" for name, _ in attn.learned_position_parameters()}
     assert comparison.agrees, comparison
-
-
-FLEX_KERNEL, REAL_SDPA = attention.flex_kernel, attention.masked_sdpa
-
-
-def shifted_flex(device):
-    """A flex_attention whose values are off by 0.1 (as a miscompiled kernel's would be)."""
-    real = FLEX_KERNEL(device)
-    return lambda *args, **kwargs: real(*args, **kwargs) + 0.1
-
-
-class NaNGradient(torch.autograd.Function):
-    """The identity whose backward is NaN (as the kernels of pytorch#153799 / #196678 give)."""
-
-    @staticmethod
-    def forward(ctx, x):
-        return x.clone()
-
-    @staticmethod
-    def backward(ctx, grad):
-        return torch.full_like(grad, float("nan"))
-
-
-def nan_gradient_sdpa(*args):
-    return NaNGradient.apply(REAL_SDPA(*args))
 
 
 def test_a_flex_kernel_with_wrong_values_warns_once_and_scores_as_the_explicit_path(monkeypatch, caplog):
@@ -221,22 +197,12 @@ def test_no_score_mod_captures_a_zero_dim_learned_tensor(variant):
     assert all(t.dim() > 0 for t in tensors if t.requires_grad), [t.shape for t in tensors]
 
 
+#: fairseq-train with the faulty SDPA put where the kernel calls it (tests/ on PYTHONPATH)
 FAULTY_TRAIN = """
 import sys
-import torch
+import faulty_kernels
 from fairseq_posattn.modules import attention
-real = attention.masked_sdpa
-
-class NaNGradient(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):
-        return x.clone()
-
-    @staticmethod
-    def backward(ctx, grad):
-        return torch.full_like(grad, float("nan"))
-
-attention.masked_sdpa = lambda *args: NaNGradient.apply(real(*args))
+attention.masked_sdpa = faulty_kernels.nan_gradient_sdpa
 sys.argv[0] = "fairseq-train"
 from fairseq_cli.train import cli_main
 cli_main()
@@ -263,7 +229,8 @@ def train_t5_lm(ptb_bin, save_dir, *extra, faulty: bool):
         "--tokens-per-sample", "32", "--optimizer", "adam", "--lr", "0.001", "--batch-size", "8",
         "--max-update", "3", "--cpu", "--seed", "1", "--disable-validation", "--no-save",
         "--num-workers", "0", "--log-format", "simple", "--log-interval", "1", "--save-dir", str(save_dir),
-        *extra], capture_output=True, text=True, cwd=REPO)
+        *extra], capture_output=True, text=True, cwd=REPO,
+        env=dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(__file__), REPO])))
 
 
 def train_losses(log: str):

@@ -25,6 +25,7 @@ TINY = ["--task", "language_modeling", "--decoder-embed-dim", "32", "--decoder-h
         "--decoder-layers", "2", "--tokens-per-sample", str(BLOCK)]
 TOKENS = torch.tensor([[2, 5, 6, 7, 8, 9, 10, 11, 12], [2, 13, 14, 15, 16, 17, 18, 19, 20]])
 VERSION = "decoder.attention.version"
+RECORD = "decoder.position_record.flags"  # the record of the options, which models of that time did not save
 
 
 def positional(extra: List[str] = (), seed: int = 0):
@@ -92,7 +93,7 @@ def test_a_state_dict_without_version_loads_with_eps_1e6():
     keeps version 1."""
     trained = positional(seed=1)
     sharpen(trained)
-    old_state = {k: v for k, v in trained.state_dict().items() if k != VERSION}
+    old_state = {k: v for k, v in trained.state_dict().items() if k not in (VERSION, RECORD)}  # as saved then
 
     loaded = positional(seed=2)
     assert loaded.decoder.attention.eps == 1e-3
@@ -273,18 +274,19 @@ def test_a_checkpoint_of_fairseq_train_without_version_evaluates_with_eps_1e6(tm
     weights["decoder.concat_proj.weight"].mul_(20)
     current, legacy = str(tmp_path / "current.pt"), str(tmp_path / "legacy.pt")
     torch.save(state, current)
-    del state["model"][VERSION]
+    del state["model"][VERSION], state["model"][RECORD]
     torch.save(state, legacy)
 
     (model,), _ = checkpoint_utils.load_model_ensemble([legacy])
     assert model.decoder.attention.eps == 1e-6 and torch.equal(model.decoder.attention.version, torch.tensor([1]))
     (model,), _ = checkpoint_utils.load_model_ensemble([current])
     assert model.decoder.attention.eps == 1e-3
-    (model,), _ = checkpoint_utils.load_model_ensemble([current], arg_overrides={"positional_attention_eps": 1e-6})
+    overrides = {"positional_attention_eps": 1e-6, "decoder_reset_position_options": True}  # another function: said
+    (model,), _ = checkpoint_utils.load_model_ensemble([current], arg_overrides=overrides)
     assert model.decoder.attention.eps == 1e-6
 
     as_legacy = eval_loss(data_bin, legacy)
-    forced = eval_loss(data_bin, current, "--model-overrides", "{'positional_attention_eps': 1e-6}")
+    forced = eval_loss(data_bin, current, "--model-overrides", str(overrides))
     as_trained = eval_loss(data_bin, current)
     print(f"\nvalid loss (base 2): without version {as_legacy}, eps overridden to 1e-6 {forced}, "
           f"as trained (1e-3) {as_trained}")

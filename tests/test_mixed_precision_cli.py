@@ -389,18 +389,6 @@ def test_bf16_training_on_cpu(family, mode, request, tmp_path):
 
 
 @pytest.mark.slow
-def test_amp_on_cpu_trains_in_fp32(tagging_bin):
-    """fairseq's --amp is CUDA autocast with a CUDA GradScaler; torch disables both without CUDA."""
-    _, flags = FAMILIES["san_tagger"]
-    result = train([tagging_bin, *flags, "--amp", "--no-save"])
-    steps = logged(result.stdout + result.stderr, "train_inner")
-    assert [int(s["num_updates"]) for s in steps] == list(range(1, UPDATES + 1))
-    assert all(math.isfinite(s["loss"]) for s in steps)
-    assert [s["loss_scale"] for s in steps] == [1.0] * UPDATES  # an enabled scaler starts at --fp16-init-scale 128
-    assert "Disabling autocast" in result.stderr
-
-
-@pytest.mark.slow
 def test_fp16_training_is_refused_on_cpu(tagging_bin):
     """--memory-efficient-fp16 (like --fp16-no-flatten-grads) would start, then crash at the first overflow."""
     _, flags = FAMILIES["san_tagger"]

@@ -245,10 +245,12 @@ def test_tagger_ignores_padding_and_batch_mates(tmp_path, flags):
 def test_tagger_width_and_length_errors(tmp_path):
     with pytest.raises(ValueError, match="layer width 320 .* not divisible by --encoder-attention-heads 3"):
         build_tagger(tmp_path, "--position-embedding", "concat", "--encoder-attention-heads", "3")
-    task, model = build_tagger(tmp_path, "--max-source-positions", "4")
-    words = torch.full((1, 5), task.vocabulary.words.unk())
-    chars = torch.full((1, 5, 20), task.vocabulary.chars.unk())
-    with pytest.raises(ValueError, match="longer than --max-source-positions 4"):
+    with pytest.raises(ValueError, match="have up to 60 words .* reads at most 4 [(]--max-source-positions 4[)]"):
+        build_tagger(tmp_path, "--max-source-positions", "4")  # the data's pieces would not fit
+    task, model = build_tagger(tmp_path)
+    words = torch.full((1, 61), task.vocabulary.words.unk())
+    chars = torch.full((1, 61, 20), task.vocabulary.chars.unk())
+    with pytest.raises(ValueError, match="longer than --max-source-positions 60"):
         model(words, None, chars)
 
 

@@ -129,15 +129,16 @@ def test_score_refuses_the_references_of_another_split(tmp_path, outputs, capsys
     assert outputs["gen-valid"].read_bytes() == before
 
 
-def test_the_reference_check_ignores_spacing_case_and_unknown_words(tmp_path, outputs, capsys):
-    """What tokenization and fairseq's dictionary may change in a ``T-`` line is not a mismatch; an output
-    without ``T-`` lines (fairseq-interactive's) is scored, with a warning that it could not be checked."""
+def test_the_reference_check_ignores_spacing_and_unknown_words(tmp_path, outputs, capsys):
+    """What tokenization and fairseq's dictionary may change in a ``T-`` line is not a mismatch (case is, unless
+    BLEU ignores it: tests/test_input_checks_tools.py); an output without ``T-`` lines (fairseq-interactive's) is
+    scored, with a warning that it could not be checked."""
     assert same_sentence("Ein Mann , der „ x “ sagt .", "Ein  Mann, der „x“ sagt.")
-    assert same_sentence("ein <<unk>> mann", "Ein Straßen-Mann")
+    assert same_sentence("Ein <<unk>> Mann", "Ein Straßen-Mann")
+    assert not same_sentence("ein mann", "Ein Mann") and same_sentence("ein mann", "Ein Mann", ignore_case=True)
     assert not same_sentence("Ein Mann <<unk>>", "Ein Mann")  # an unknown word stands for some text
     assert not same_sentence("Eine Frau .", "Ein Mann.")
     targets = tokenized("test")
-    targets[4] = targets[4].lower()
     targets[7] = targets[7].replace(targets[7].split()[1], "<<unk>>", 1)  # a word outside the dictionary
     with_unknown = write_generate_output(tmp_path / "gen-unk.txt", targets, translations("test"))
     score.main([str(with_unknown), "--ref", str(outputs["test.de"])])

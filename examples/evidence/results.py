@@ -37,7 +37,7 @@ from records import load_settings as recorded_settings
 
 from fairseq_posattn.atomic_io import atomic_write
 from fairseq_posattn.cli import setup_logging
-from fairseq_posattn.data.significance import SIGNIFICANCE_LEVEL
+from fairseq_posattn.data.significance import SIGNIFICANCE_LEVEL, TIE
 from fairseq_posattn.inspect.learning_curves import Curve, CurveGroup, draw
 
 REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE = "reproduced in direction", "not reproduced", "inconclusive"
@@ -99,7 +99,9 @@ def verdict(claim: Claim, deltas: Dict[int, float], p_values: Dict[int, Optional
     if n == 0:
         return NOT_RUN, "no seed of both systems has finished."
     tested = [p for p in p_values.values() if p is not None]
-    significant = sum(p < SIGNIFICANCE_LEVEL for p in tested)
+    # a difference that prints as 0.00 is a tie, never significant, whatever the bootstrap's p
+    significant = sum(p is not None and p < SIGNIFICANCE_LEVEL and abs(deltas.get(seed, 0.0)) >= TIE
+                      for seed, p in p_values.items())
     sig_text = f" (significant in {significant} of {len(tested)})" if tested else ""
     if n < planned:
         verb = "has" if n == 1 else "have"

@@ -17,4 +17,7 @@ REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 [[ -x "$REPO/.venv/bin/python" ]] && export PATH="$REPO/.venv/bin:$PATH"
 action=run
 case "${1:-}" in plan|run|status|progress) action=$1; shift ;; esac
+if [[ "$action" == run ]]; then
+    source "$REPO/examples/lib/device.sh"  # the recipes' device check, before the first run starts
+fi
 exec python "$REPO/examples/evidence/evidence.py" "$action" "$@"

@@ -45,14 +45,14 @@ for system in $SYSTEMS; do
     [[ " $ALL " == *" $system "* ]] || { echo "run_lstm_authors_budget.sh: SYSTEMS takes $ALL, got $system" >&2; exit 2; }
 done
 export TASKS=lm LM_SYSTEMS="$SYSTEMS"
+source "$REPO/examples/lib/device.sh"  # GPUS, checked against what torch sees here (and the recipes' device)
 EVIDENCE=("$PYTHON" "$REPO/examples/evidence/evidence.py")
 if (( DRY_RUN )); then
     exec "${EVIDENCE[@]}" plan
 fi
 
-GPUS_SEEN=${GPUS:-$("$PYTHON" -c "import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)" 2>/dev/null || echo 0)}
-if (( GPUS_SEEN > 0 )); then
-    JOBS=${JOBS:-6} where="$GPUS_SEEN GPU(s)"
+if (( GPUS > 0 )); then
+    JOBS=${JOBS:-6} where="$GPUS GPU(s)"
 else
     JOBS=${JOBS:-2} where="the CPU (torch sees no GPU; about two days at 2 at a time)"
 fi

@@ -24,6 +24,7 @@ export TOKENS_PER_SAMPLE=${TOKENS_PER_SAMPLE:-256}
 export MAX_TARGET_POSITIONS=${MAX_TARGET_POSITIONS:-$TOKENS_PER_SAMPLE}
 export BATCH_SIZE=${BATCH_SIZE:-16}
 export EVAL_MAX_TOKENS=${EVAL_MAX_TOKENS:-$((TOKENS_PER_SAMPLE * 16))}
+source "$REPO/examples/lib/device.sh"  # the device check, before the download and copies (run_ptb.sh's again)
 
 download_wikitext() {
     # Optional: never needed when WIKITEXT_DIR is given.  The original Salesforce archive.

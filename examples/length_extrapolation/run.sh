@@ -99,6 +99,17 @@ LENGTHS=()
 for m in $MULTIPLIERS; do LENGTHS+=($((L_TRAIN * m))); done
 split_batch "$BATCH_SIZE" 1 blocks
 
+# the environment: $PYTHON lists the methods and makes the table; fairseq's tools run everything else
+missing=""
+"$PYTHON" -c "import importlib.util as u, sys; sys.exit(not (u.find_spec('fairseq_posattn') and u.find_spec('fairseq')))" \
+    2>/dev/null || missing="$PYTHON cannot import fairseq_posattn"
+if (( ! DRY_RUN )) && [ -z "$missing" ]; then
+    for tool in fairseq-preprocess fairseq-train fairseq-eval-lm; do
+        command -v "$tool" > /dev/null || { missing="'$tool' is not on PATH"; break; }
+    done
+fi
+[ -z "$missing" ] || { echo "run.sh: error: $missing: run 'make install' in $REPO, then PATH=\"$REPO/.venv/bin:\$PATH\" bash $0 (or set PYTHON to the Python of an environment with fairseq_posattn)" >&2; exit 1; }
+
 RAW=$DATA_OUT/raw
 DATA=$DATA_OUT/data-bin
 (( DRY_RUN )) || mkdir -p "$RAW" "$DATA_OUT/logs" "$OUT/logs" "$OUT/checkpoints"

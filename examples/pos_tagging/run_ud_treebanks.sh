@@ -14,6 +14,8 @@ OUT_ROOT=${OUT_ROOT:-$REPO/pos-tagging-ud-output}
 VARIANTS=${VARIANTS:-"pe_add p_r temp conv conv2d"}
 export VARIANTS
 source "$REPO/examples/pos_tagging/variants.sh"
+source "$REPO/examples/lib/device.sh"  # GPUS checked against the devices torch sees, once for every treebank
+export GPUS
 # Dufter et al.'s list (Table 2d), written as UD folder names without the UD_ prefix
 PAPER_TREEBANKS="Afrikaans-AfriBooms Ancient_Greek-PROIEL Ancient_Greek-Perseus Arabic-PADT Basque-BDT
 Bulgarian-BTB Chinese-GSD Croatian-SET Czech-CAC Czech-FicTree Danish-DDT Dutch-Alpino Dutch-LassySmall
@@ -28,6 +30,19 @@ one_file() {  # one_file DIR SPLIT: the treebank's *-ud-SPLIT.conllu, or nothing
     local found=("$1"/*-ud-"$2".conllu)
     [[ -f "${found[0]}" ]] && echo "${found[0]}"
 }
+
+has_treebank() {  # has_treebank NAME: UD_ROOT/UD_NAME holds a training and a dev file
+    [[ -n "$(one_file "$UD_ROOT/UD_$1" train)" && -n "$(one_file "$UD_ROOT/UD_$1" dev)" ]]
+}
+found=0
+for treebank in $TREEBANKS; do has_treebank "$treebank" && { found=1; break; }; done
+if (( ! found )); then
+    echo "run_ud_treebanks.sh: error: no treebank in $UD_ROOT: none of the $(wc -w <<< "$TREEBANKS") treebanks" \
+         "of TREEBANKS has a folder UD_<name> there with *-ud-train.conllu and *-ud-dev.conllu. Give the folder" \
+         "that holds the UD_* folders of the UD v2.2 release (ud-treebanks-v2.2), or set TREEBANKS to treebanks" \
+         "it holds" >&2
+    exit 1
+fi
 
 done_list=()
 for treebank in $TREEBANKS; do

@@ -7,7 +7,7 @@
 #
 # Run from the repository root with the virtualenv's bin first on PATH (`make quickstart` does both):
 #     PATH="$PWD/.venv/bin:$PATH" bash examples/quickstart/run.sh [--dry-run]
-# About 5 minutes on 2 idle CPU cores; everything goes to quickstart-output/ in the repository, or to
+# About 7.5 minutes on 2 idle CPU cores; everything goes to quickstart-output/ in the repository, or to
 # the folder OUT names (rebuilt on every run).
 # Every command is printed before it runs; --dry-run only prints them. The same two models as
 # fairseq-hydra-train configs: fairseq_posattn/configs/quickstart/ (docs/hydra_configs.md).
@@ -34,7 +34,7 @@ declare -A VARIANTS=(
     [structural]="--encoder-structural-positions both --encoder-structural-fusion nonlinear"
 )
 # Fixed budget per model: 600 updates of ~2,500 target tokens (26 epochs of the 3,000 pairs), a short
-# warm-up to a high peak learning rate; about 4.5 minutes for both models on 2 idle CPU cores.
+# warm-up to a high peak learning rate; about 6.5 minutes for both models on 2 idle CPU cores.
 MAX_UPDATE=${MAX_UPDATE:-600}
 TRAIN_FLAGS=(
     --optimizer adam --adam-betas "(0.9, 0.98)" --clip-norm 0.0

@@ -9,11 +9,13 @@ hypotheses, one per reference line (``--input-format`` to force either). A syste
 than 1% of its hypotheses hold ``@@ `` markers: generated without ``--remove-bpe``) is refused;
 ``--remove-bpe`` joins the pieces of every system instead. ``--ref`` takes the raw reference file;
 repeat it for multi-reference test sets (NIST: four). The references a fairseq-generate output carries
-(``T-<id>`` lines) must be those of ``--ref``: systems that translated another split or test set are refused.
+(``T-<id>`` lines) must be those of ``--ref``: systems that translated another split or test set are refused,
+and so are references cased otherwise than the translated ones, unless ``--lowercase``.
 
 Columns: sacreBLEU on detokenized text; the difference to the baseline; the bootstrap mean and the
 half-width of its 95% interval; the p-value of sacrebleu's paired bootstrap resampling (Koehn 2004)
-against the baseline (a system identical to the baseline gets 1); the short signature.
+against the baseline (a system whose score equals the baseline's gets 1; a difference below 0.005, printed
++0.00, is a tie and never marked significant); the short signature.
 ``--tokenized-bleu`` adds the same table for the customary tokenized BLEU of the WMT14 English-German
 papers (Moses tokenization, compounds split as ``##AT##-##AT##``, sacrebleu ``--tokenize none``);
 ``--no-compound-split`` leaves hyphens alone (the usual tokenized BLEU for other targets). The seed of
@@ -68,7 +70,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     with reported_errors("posattn-compare"):
         references = read_references(args.ref)
         systems = [(name, read_system(path, lang, args.ref[0], len(references[0]), args.input_format,
-                                      args.remove_bpe, references))
+                                      args.remove_bpe, references, ignore_case=args.lowercase))
                    for name, path in args.systems]
         comparisons = compare_systems(systems, references, lang, tokenized_bleu=args.tokenized_bleu,
                                       split_compounds=not args.no_compound_split, lowercase=args.lowercase,

@@ -11,7 +11,8 @@ Backends (``--backend``):
   conllu  bring your own parses (``--parses FILE.conllu``): checked against the text line by line
 
 An ``--output`` that is the ``--input`` (or ``--parses``) file, under whatever name, is refused before anything
-is read. Empty lines: an error naming ``file:line`` (no skip policy). Skipping would shift the parses against
+is read; text in another script than the parser's language is written in (Chinese for the English default), or
+text that is not tokenized (every line a single token), before anything is parsed. Empty lines: an error naming ``file:line`` (no skip policy). Skipping would shift the parses against
 the lines of the parallel target side and of fairseq-preprocess's output; remove such pairs from both
 sides of the corpus first.
 

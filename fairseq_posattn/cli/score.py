@@ -2,12 +2,13 @@
 
 Takes the ``H-<id>`` lines, puts them in id order, Moses-detokenizes them and scores them against the
 raw (untokenized) reference file with sacrebleu. Prints ``BLEU = ...`` and sacrebleu's signature.
-Fails if the hypotheses do not cover the references one to one: fairseq-generate drops its last
-batch unless run with ``--required-batch-size-multiple 1``. Fails too if they are still in BPE (more
+Fails if the hypotheses do not cover the references one to one, naming the missing ids and why
+fairseq-generate leaves sentences out (an incomplete last batch, sentences skipped as longer than the model's
+positions). Fails too if they are still in BPE (more
 than 1% of them hold ``@@ `` continuation markers: generated without ``--remove-bpe``); ``--remove-bpe``
 joins the pieces here instead, exactly as fairseq-generate would have. Fails when the references the output
-carries (``T-<id>`` lines) are not those of ``--ref`` (another split or test set was translated), or when
-``--ref`` has an empty line.
+carries (``T-<id>`` lines) are not those of ``--ref`` (another split or test set was translated; or cased
+otherwise, unless ``--lowercase`` makes BLEU case-insensitive), or when ``--ref`` has an empty line.
 """
 
 import argparse
@@ -29,6 +30,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "(default: the reference file's suffix, e.g. de for test.de)")
     parser.add_argument("--write-detok", metavar="PATH", default=None,
                         help="also write the detokenized hypotheses, in id order, to PATH")
+    parser.add_argument("--lowercase", "-lc", action="store_true",
+                        help="case-insensitive BLEU; the references the output carries (T- lines) may then differ "
+                             "from --ref in case")
     add_remove_bpe_option(parser)
     return parser
 
@@ -55,7 +59,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     lang = target_language(args, parser)
     with reported_errors("posattn-score"):
         result = score_generate_output(args.generate_output, args.ref, lang, write_detok=args.write_detok,
-                                       remove_bpe=args.remove_bpe)
+                                       remove_bpe=args.remove_bpe, lowercase=args.lowercase)
     print(result.text)
     print(result.signature)
 

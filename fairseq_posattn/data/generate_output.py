@@ -18,9 +18,15 @@ Scored against the reference of another split (``--gen-subset valid`` against ``
 number and nothing says why. fairseq-generate also prints each sentence's reference, ``T-<id>\\t<text>``
 (tokenized like the hypotheses, ``<<unk>>`` for words outside the dictionary): :func:`check_targets`
 detokenizes those as it does the hypotheses and compares them with the reference file's lines, ignoring
-whitespace, control characters and case (which tokenization and detokenization may change). An output
-without ``T-`` lines (fairseq-interactive's, or a split without targets) cannot be checked: a warning
-says so. An empty line in a reference file is refused (:func:`read_reference`).
+whitespace and control characters (which tokenization and detokenization may change). Case counts unless
+BLEU ignores it (``--lowercase``): a perfect translation scored 21.86 against a lowercased copy of its
+references. An output without ``T-`` lines (fairseq-interactive's, or a split without targets) cannot be
+checked: a warning says so. An empty line in a reference file is refused (:func:`read_reference`).
+
+Hypotheses missing from the output are refused, naming their ids and the causes that fit their number
+(:func:`hypotheses_in_order`): fairseq-generate drops an incomplete last batch (fewer than
+``--required-batch-size-multiple`` sentences) and, with ``--skip-invalid-size-inputs-valid-test``, every
+sentence longer than the model's positions.
 """
 
 import logging
@@ -49,6 +55,11 @@ _NOT_COMPARED = re.compile(r"[\s\x00-\x1f]+")
 _BPE_CONTINUATION = re.compile(r"@@( |$)")
 #: A file in which more than this share of the hypotheses hold a BPE continuation marker is refused.
 BPE_LINE_FRACTION = 0.01
+#: fairseq-generate's default ``--required-batch-size-multiple``: the incomplete last batch it drops holds fewer
+#: sentences than this
+DEFAULT_BATCH_SIZE_MULTIPLE = 8
+#: the override that lets a model whose positions are not learned read longer sentences in fairseq-generate
+LONGER_POSITIONS = "--model-overrides \"{'max_source_positions': 1024, 'max_target_positions': 1024}\""
 
 
 @dataclass
@@ -95,7 +106,8 @@ def hypotheses_in_order(hypotheses: Dict[int, T], gen_path: str, ref_path: str, 
     """Hypotheses (texts, or anything else by id) sorted by id, after checking they are exactly ids
     0 .. n_refs - 1.
 
-    Raises ValueError naming both files when the counts or ids do not match the references.
+    Raises ValueError naming both files, the missing (or out-of-range) ids, why fairseq-generate leaves
+    sentences out and how to generate them all, when the ids do not match the references.
     """
     if not hypotheses:
         raise ValueError(f"{gen_path} holds no hypotheses (H-<id> lines): fairseq-generate prints them unless it "
@@ -104,19 +116,31 @@ def hypotheses_in_order(hypotheses: Dict[int, T], gen_path: str, ref_path: str, 
     expected = set(range(n_refs))
     if len(hypotheses) == n_refs and set(hypotheses) == expected:
         return [hypotheses[i] for i in range(n_refs)]
-    missing = sorted(expected - set(hypotheses))
+    counts = f"{gen_path} has {len(hypotheses)} hypotheses (H- lines) but the reference {ref_path} has {n_refs} lines"
     extra = sorted(set(hypotheses) - expected)
-    detail = []
-    if missing:
-        detail.append(f"missing ids {_abbreviate(missing)}")
     if extra:
-        detail.append(f"ids out of range {_abbreviate(extra)}")
-    raise ValueError(
-        f"{gen_path} has {len(hypotheses)} hypotheses (H- lines) but the reference {ref_path} has "
-        f"{n_refs} lines ({'; '.join(detail)}). fairseq-generate silently drops the last, incomplete "
-        "batch unless it is run with --required-batch-size-multiple 1; rerun it with that option (and "
-        "check that --gen-subset, --max-sentences/--batch-size and the reference file match)."
-    )
+        raise ValueError(f"{counts}, and ids out of range {_abbreviate(extra)}: the output translates a larger split "
+                         f"or another test set. Score it against the raw reference file of the split it translates")
+    missing = sorted(expected - set(hypotheses))
+    raise ValueError(f"{counts} (missing ids {_abbreviate(missing)}). {_why_missing(len(missing))}")
+
+
+def _why_missing(n_missing: int) -> str:
+    """Why fairseq-generate left ``n_missing`` sentences out, and the rerun that translates every one."""
+    skipped = ("with --skip-invalid-size-inputs-valid-test it skips every sentence longer than the model's positions "
+               "(it logs \"N samples have invalid sizes and will be skipped\")")
+    generate_all = (f"rerun fairseq-generate without --skip-invalid-size-inputs-valid-test; if it then stops at a "
+                    f"sentence longer than the model's positions (\"Size of sample #K is invalid\"), let the model "
+                    f"read longer ones with {LONGER_POSITIONS} (sinusoidal or relative positions read any length; "
+                    f"learned ones cannot: retrain with larger --max-source-positions / --max-target-positions)")
+    if n_missing >= DEFAULT_BATCH_SIZE_MULTIPLE:
+        return (f"These {n_missing} sentences are more than the incomplete last batch that fairseq-generate drops "
+                f"(fewer than --required-batch-size-multiple, {DEFAULT_BATCH_SIZE_MULTIPLE} by default): {skipped}. "
+                f"BLEU without them is not the score of the test set: {generate_all}. An interrupted run, or one "
+                f"shard of several (--num-shards), also leaves sentences out")
+    return (f"fairseq-generate drops its last batch when it holds fewer than --required-batch-size-multiple "
+            f"sentences ({DEFAULT_BATCH_SIZE_MULTIPLE} by default), and {skipped}. BLEU without them is not the score "
+            f"of the test set: add --required-batch-size-multiple 1 if it was not given, and {generate_all}")
 
 
 def read_generate_output(gen_path: str, ref_path: str, n_refs: int, remove_bpe: bool = False) -> List[str]:
@@ -180,13 +204,14 @@ def numbered_targets(path: str) -> Dict[int, Tuple[int, str]]:
 
 
 def check_targets(gen_path: str, ref_path: str, references: Sequence[Sequence[str]], lang: str,
-                  remove_bpe: bool = False) -> None:
+                  remove_bpe: bool = False, ignore_case: bool = False) -> None:
     """Check that the references fairseq-generate printed (``T-<id>`` lines) are those of the reference files.
 
     ``references`` holds the lines of every reference file (several for multi-reference BLEU), ``ref_path`` is
     the first one. Each ``T-`` line is detokenized for ``lang`` (its BPE pieces first joined if ``remove_bpe``)
-    and must be line ``id + 1`` of one of the files, up to :func:`same_sentence`; otherwise ValueError names
-    the generate file's line, the sentence and the reference line. No ``T-`` line at all is a warning.
+    and must be line ``id + 1`` of one of the files, up to :func:`same_sentence` (case too, unless
+    ``ignore_case``: case-insensitive BLEU); otherwise ValueError names the generate file's line, the sentence and
+    the reference line. No ``T-`` line at all is a warning.
     """
     targets = numbered_targets(gen_path)
     if not targets:
@@ -197,31 +222,55 @@ def check_targets(gen_path: str, ref_path: str, references: Sequence[Sequence[st
     detokenize = moses_detokenizer(lang)
     for sent_id, (number, text) in sorted(targets.items()):
         target = detokenize(join_bpe_pieces(text) if remove_bpe else text)
-        if not any(sent_id < len(lines) and same_sentence(target, lines[sent_id]) for lines in references):
-            raise ValueError(_target_mismatch(gen_path, number, sent_id, target, ref_path, references))
+        candidates = [lines[sent_id] for lines in references if sent_id < len(lines)]
+        if any(same_sentence(target, line, ignore_case) for line in candidates):
+            continue
+        if any(same_sentence(target, line, ignore_case=True) for line in candidates):
+            raise ValueError(_case_mismatch(gen_path, number, sent_id, target, ref_path, references))
+        raise ValueError(_target_mismatch(gen_path, number, sent_id, target, ref_path, references))
 
 
-def same_sentence(target: str, reference: str) -> bool:
+def same_sentence(target: str, reference: str, ignore_case: bool = False) -> bool:
     """Whether a detokenized ``T-`` line holds the sentence of a raw reference line: the same text once
-    whitespace, control characters and case are ignored, each ``<<unk>>`` standing for some text."""
-    pieces = [re.escape(_compared(piece)) for piece in target.split(ESCAPED_UNKNOWN)]
-    return re.fullmatch(".+?".join(pieces), _compared(reference), flags=re.DOTALL) is not None
+    whitespace and control characters (and case, if ``ignore_case``) are ignored, each ``<<unk>>`` standing for
+    some text."""
+    pieces = [re.escape(_compared(piece, ignore_case)) for piece in target.split(ESCAPED_UNKNOWN)]
+    return re.fullmatch(".+?".join(pieces), _compared(reference, ignore_case), flags=re.DOTALL) is not None
 
 
-def _compared(text: str) -> str:
-    return _NOT_COMPARED.sub("", text).casefold()
+def _compared(text: str, ignore_case: bool) -> str:
+    text = _NOT_COMPARED.sub("", text)
+    return text.casefold() if ignore_case else text
 
 
 def _target_mismatch(gen_path: str, number: int, sent_id: int, target: str, ref_path: str,
                      references: Sequence[Sequence[str]]) -> str:
+    others = f" (nor of the {len(references) - 1} other reference files)" if len(references) > 1 else ""
+    return (f"{_mismatch(gen_path, number, sent_id, target, ref_path, references, 'is not {line}' + others)}. The "
+            f"output translates another split or test set (e.g. fairseq-generate --gen-subset valid scored against "
+            f"test references): score it against the raw reference file of the split it translates, or generate the "
+            f"split of --ref")
+
+
+def _case_mismatch(gen_path: str, number: int, sent_id: int, target: str, ref_path: str,
+                   references: Sequence[Sequence[str]]) -> str:
+    others = f" (or of one of the {len(references) - 1} other reference files)" if len(references) > 1 else ""
+    relation = "is {line}" + others + " only when case is ignored"
+    return (f"{_mismatch(gen_path, number, sent_id, target, ref_path, references, relation)}. Case-sensitive BLEU "
+            f"against references cased otherwise than the translated test set is far too low (a perfect translation "
+            f"scores far below 100): score against the reference file the test set was binarized from, with its case "
+            f"(not a lowercased or truecased copy), or pass --lowercase for case-insensitive BLEU")
+
+
+def _mismatch(gen_path: str, number: int, sent_id: int, target: str, ref_path: str,
+              references: Sequence[Sequence[str]], relation: str) -> str:
+    """``gen:line: the reference of sentence K (T-K) RELATION: what each holds``, ``{line}`` in ``relation``
+    standing for ``line K+1 of REF``."""
     first = references[0]
     found = f'reads "{_shortened(first[sent_id])}"' if sent_id < len(first) else f"has only {len(first)} lines"
-    others = f" (nor of the {len(references) - 1} other reference files)" if len(references) > 1 else ""
-    return (f"{gen_path}:{number}: the reference of sentence {sent_id} (T-{sent_id}) is not line {sent_id + 1} "
-            f"of {ref_path}{others}: fairseq-generate printed \"{_shortened(target)}\", {ref_path}:{sent_id + 1} "
-            f"{found}. The output translates another split or test set (e.g. fairseq-generate --gen-subset valid "
-            f"scored against test references): score it against the raw reference file of the split it "
-            f"translates, or generate the split of --ref")
+    where = relation.format(line=f"line {sent_id + 1} of {ref_path}")
+    return (f"{gen_path}:{number}: the reference of sentence {sent_id} (T-{sent_id}) {where}: fairseq-generate "
+            f"printed \"{_shortened(target)}\", {ref_path}:{sent_id + 1} {found}")
 
 
 def _shortened(text: str, limit: int = 60) -> str:
@@ -234,29 +283,31 @@ def _abbreviate(ids: List[int], limit: int = 10) -> str:
 
 
 def score_generate_output(gen_path: str, ref_path: str, lang: str, write_detok: Optional[str] = None,
-                          remove_bpe: bool = False) -> BleuResult:
+                          remove_bpe: bool = False, lowercase: bool = False) -> BleuResult:
     """Corpus BLEU of a ``fairseq-generate --remove-bpe`` output against a raw reference file.
 
     ``lang`` is the target language (for the Moses detokenizer). ``write_detok``, if given, receives
     the detokenized hypotheses in id order, one per line. ``remove_bpe`` joins BPE pieces first (for an
-    output generated without ``--remove-bpe``, which is otherwise refused: :func:`without_bpe`). The output's
-    ``T-`` lines must be the reference's (:func:`check_targets`), which has no empty line (:func:`read_reference`).
+    output generated without ``--remove-bpe``, which is otherwise refused: :func:`without_bpe`). ``lowercase``:
+    case-insensitive BLEU. The output's ``T-`` lines must be the reference's, in case too unless ``lowercase``
+    (:func:`check_targets`), which has no empty line (:func:`read_reference`).
     """
     if write_detok:
         refuse_output_that_is_an_input(write_detok, gen_path, ref_path)
     references = read_reference(ref_path)
     hypotheses = read_generate_output(gen_path, ref_path, len(references), remove_bpe)
-    check_targets(gen_path, ref_path, [references], lang, remove_bpe)
+    check_targets(gen_path, ref_path, [references], lang, remove_bpe, ignore_case=lowercase)
     detok = detokenize_lines(hypotheses, lang)
     if write_detok:
         write_lines(write_detok, detok)
         logger.info("wrote %d detokenized hypotheses to %s", len(detok), write_detok)
-    return bleu(detok, references)
+    return bleu(detok, references, lowercase)
 
 
-def bleu(hypotheses: List[str], references: List[str]) -> BleuResult:
-    """sacrebleu corpus BLEU (default 13a tokenization) of detokenized text against one reference."""
-    metric = BLEU()
+def bleu(hypotheses: List[str], references: List[str], lowercase: bool = False) -> BleuResult:
+    """sacrebleu corpus BLEU (default 13a tokenization; case-insensitive if ``lowercase``) of detokenized text
+    against one reference."""
+    metric = BLEU(lowercase=lowercase)
     score = metric.corpus_score(hypotheses, [references])
     return BleuResult(score=score.score, text=str(score), signature=str(metric.get_signature()),
                       hypotheses=hypotheses)

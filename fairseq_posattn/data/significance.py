@@ -39,6 +39,10 @@ _COMPOUND = re.compile(r"(\S)-(\S)")
 _GENERATE_LINE = re.compile(r"^H-\d+\t[-+0-9.eEinfa]+(\t|$)|.* \| fairseq_cli\.generate \| |Generate \S+ with beam=")
 INPUT_FORMATS = ("auto", "generate", "text")
 SIGNIFICANCE_LEVEL = 0.05
+#: decimals of the printed BLEU scores and differences; a difference that prints as +0.00 is a tie
+PRINTED_DECIMALS = 2
+#: differences smaller than this print as 0.00: a tie, never significant
+TIE = 0.5 * 10 ** -PRINTED_DECIMALS
 
 
 def compound_split(line: str) -> str:
@@ -61,7 +65,8 @@ def is_generate_output(path: str) -> bool:
 
 
 def read_system(path: str, lang: str, ref_path: str, n_lines: int, input_format: str = "auto",
-                remove_bpe: bool = False, references: Optional[Sequence[Sequence[str]]] = None) -> List[str]:
+                remove_bpe: bool = False, references: Optional[Sequence[Sequence[str]]] = None,
+                ignore_case: bool = False) -> List[str]:
     """A system's detokenized hypotheses, in the order of the reference ``ref_path`` (``n_lines`` lines).
 
     ``input_format``: ``generate`` (a ``fairseq-generate --remove-bpe`` output, ordered by id and
@@ -69,15 +74,15 @@ def read_system(path: str, lang: str, ref_path: str, n_lines: int, input_format:
     ``auto`` (``generate`` when :func:`is_generate_output`). Raises ValueError naming the files when
     the hypotheses do not match the reference lines one to one, or when they are still in BPE (unless
     ``remove_bpe``, which joins the pieces first). ``references`` (the lines of every reference file,
-    ``ref_path``'s first): a generate output's ``T-`` lines must be these
-    (:func:`~fairseq_posattn.data.generate_output.check_targets`).
+    ``ref_path``'s first): a generate output's ``T-`` lines must be these, in case too unless ``ignore_case``
+    (case-insensitive BLEU; :func:`~fairseq_posattn.data.generate_output.check_targets`).
     """
     if input_format not in INPUT_FORMATS:
         raise ValueError(f"input format must be one of {INPUT_FORMATS}, got {input_format!r}")
     if input_format == "generate" or (input_format == "auto" and is_generate_output(path)):
         hypotheses = read_generate_output(path, ref_path, n_lines, remove_bpe)
         if references is not None:
-            check_targets(path, ref_path, references, lang, remove_bpe)
+            check_targets(path, ref_path, references, lang, remove_bpe, ignore_case)
         return detokenize_lines(hypotheses, lang)
     lines = list(read_lines(path))
     if len(lines) != n_lines:
@@ -108,6 +113,17 @@ class SystemResult:
     mean: float  # mean BLEU over the bootstrap resamples
     ci: float  # half-width of the 95% interval of the resampled BLEU (mean +- ci)
     p_value: Optional[float]  # paired bootstrap p-value against the baseline; None for the baseline
+    difference: float  # score minus the baseline's score (0 for the baseline)
+
+    @property
+    def tie(self) -> bool:
+        """The difference to the baseline is below the printed precision (it prints as +0.00)."""
+        return abs(self.difference) < TIE
+
+    @property
+    def significant(self) -> bool:
+        """p below :data:`SIGNIFICANCE_LEVEL`, for a difference that is not a :attr:`tie`."""
+        return self.p_value is not None and self.p_value < SIGNIFICANCE_LEVEL and not self.tie
 
 
 @dataclass
@@ -128,9 +144,11 @@ def paired_bootstrap(systems: Sequence[Tuple[str, List[str]]], references: Seque
     resampling seed is sacrebleu's (``SACREBLEU_SEED``, default 12345) and is part of the signature.
 
     sacrebleu's p-value is ``(c + 1) / (n_samples + 1)`` with ``c`` the resamples whose centred
-    difference exceeds the observed one; for a system whose hypotheses equal the baseline's every
-    difference is exactly zero, ``c = 0``, and sacrebleu would report its smallest p-value as if the
-    two differed. There is no difference to test: such a system gets ``p = 1``.
+    difference exceeds the observed one. Where the observed difference is zero (the same hypotheses, or
+    hypotheses that differ only in what BLEU's tokenization removes, such as the spacing around punctuation)
+    every resample differs by zero too, ``c = 0``, and sacrebleu would report its smallest p-value as if the
+    two differed. There is no difference to test: such a system gets ``p = 1``. A non-zero difference too small
+    to print (:attr:`SystemResult.tie`) keeps sacrebleu's p-value but is never :attr:`SystemResult.significant`.
     """
     if len(systems) < 2:
         raise ValueError("a paired comparison needs a baseline and at least one other system")
@@ -141,13 +159,12 @@ def paired_bootstrap(systems: Sequence[Tuple[str, List[str]]], references: Seque
     signatures, scores = PairedTest(list(systems), {"BLEU": metric}, references, test_type="bs",
                                     n_samples=n_samples, n_jobs=n_jobs)()
     (metric_name, signature), = signatures.items()
-    baseline_hypotheses = systems[0][1]
+    baseline_score = scores[metric_name][0].score
     results = []
-    for (name, hypotheses), result in zip(systems, scores[metric_name]):
-        p_value = result.p_value
-        if p_value is not None and hypotheses == baseline_hypotheses:
-            p_value = 1.0
-        results.append(SystemResult(name, result.score, result.mean, result.ci, p_value))
+    for (name, _), result in zip(systems, scores[metric_name]):
+        difference = result.score - baseline_score
+        p_value = 1.0 if result.p_value is not None and difference == 0 else result.p_value
+        results.append(SystemResult(name, result.score, result.mean, result.ci, p_value, difference))
     return MetricComparison(title, signature.format(), signature.format(short=True), results)
 
 
@@ -181,16 +198,17 @@ def markdown_table(comparison: MetricComparison, baseline: str) -> str:
     lines = [f"**{comparison.title}**", "",
              "| system | BLEU | Δ vs baseline | 95% CI (bootstrap) | p-value vs baseline | signature |",
              "|---|---:|---:|---:|---:|---|"]
-    base_score = comparison.results[0].score
     for result in comparison.results:
         if result.p_value is None:
             delta, p_value = "", "(baseline)"
         else:
-            delta = f"{result.score - base_score:+.2f}"
-            p_value = f"{result.p_value:.4f}" + (" *" if result.p_value < SIGNIFICANCE_LEVEL else "")
+            delta = f"{result.difference:+.{PRINTED_DECIMALS}f}"
+            small_tie = result.tie and result.p_value < SIGNIFICANCE_LEVEL  # no star, and the reason why
+            p_value = f"{result.p_value:.4f}" + (" *" if result.significant else " (tie)" if small_tie else "")
         lines.append(f"| {_cell(result.name)} | {result.score:.2f} | {delta} | "
                      f"{result.mean:.2f} ± {result.ci:.2f} | {p_value} | `{_cell(comparison.short_signature)}` |")
     lines += ["", f"Signature: `{comparison.signature}`", "",
               f"p-value: sacrebleu's paired bootstrap resampling against {baseline}; "
-              f"* p < {SIGNIFICANCE_LEVEL}. 95% CI: mean ± half-width of the resampled BLEU."]
+              f"* p < {SIGNIFICANCE_LEVEL}; a difference that prints as ±0.00 is a tie, never significant. "
+              f"95% CI: mean ± half-width of the resampled BLEU."]
     return "\n".join(lines)

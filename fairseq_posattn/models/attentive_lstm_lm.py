@@ -119,6 +119,7 @@ from torch.utils.checkpoint import checkpoint
 
 from fairseq_posattn.models.evaluation_coverage import score_every_block
 from fairseq_posattn.models.hub_loading import PosattnHubMixin
+from fairseq_posattn.models.position_record import PositionOptionsRecord
 
 DEFAULT_MAX_TARGET_POSITIONS = int(1e5)
 GAUSSIAN_EPS = 1e-3  # the authors' code (model.py, written 10e-4)
@@ -390,6 +391,7 @@ class AttentiveLSTMDecoder(FairseqIncrementalDecoder):
         offload_activations: bool = False,
         positional_attention_eps: float = GAUSSIAN_EPS,
         init: str = "authors",
+        reset_position_options: bool = False,
     ) -> None:
         super().__init__(dictionary)
         if attention not in ATTENTIONS:
@@ -447,6 +449,11 @@ class AttentiveLSTMDecoder(FairseqIncrementalDecoder):
             nn.init.zeros_(self.fc_out.bias)
         if init == "authors":
             self.initialise_as_authors()
+        # the options of the model are recorded when it is built (PosattnHubMixin); N is derived here
+        self.position_record = PositionOptionsRecord("decoder", reset=reset_position_options)
+        if attention == "positional" and positional_attention_normalizer == "block":
+            self.position_record.record({"positional_attention_block_length": (
+                "--tokens-per-sample (the positional attention's N)", block_length)})
 
     def initialise_as_authors(self) -> None:
         """``--attentive-lm-init authors``: the released code's initialisation. The LSTM layers,
@@ -630,6 +637,11 @@ def _add_lstm_lm_args(parser: argparse.ArgumentParser) -> None:
                              'for the LSTMs, the concatenation layer, W_mu and w_sigma; xavier for '
                              'Salton\'s W_1 and w_2, zero biases); uniform: U(+-0.1) for every weight '
                              'and bias, as the paper\'s text')
+    parser.add_argument('--decoder-reset-position-options', action='store_true',
+                        help='load weights trained with other options that change what the model computes '
+                             '(--tokens-per-sample of the positional attention\'s block N, the normaliser, the '
+                             'sizes...: fine-tuning one model into another); refused otherwise, so that a resumed '
+                             'checkpoint never silently becomes another model')
     # fmt: on
 
 
@@ -709,6 +721,7 @@ class AttentiveLSTMLanguageModel(PosattnHubMixin, FairseqLanguageModel):
             offload_activations=args.offload_activations,
             positional_attention_eps=getattr(args, "positional_attention_eps", GAUSSIAN_EPS),
             init=args.attentive_lm_init,
+            reset_position_options=args.decoder_reset_position_options,
         )
         score_every_block(task, fixed_limit=None)  # no parameter depends on a position
         return cls(decoder)
@@ -756,6 +769,7 @@ def attentive_lstm_lm(args: Any) -> None:
     args.checkpoint_activations = getattr(args, "checkpoint_activations", False) or args.offload_activations
     # only matters for a new model: a checkpoint's weights replace the initialisation
     args.attentive_lm_init = getattr(args, "attentive_lm_init", None) or "authors"
+    args.decoder_reset_position_options = getattr(args, "decoder_reset_position_options", False)
 
 
 @register_model_architecture("positional_attentive_lstm_lm", "positional_attentive_lstm_lm")

@@ -51,8 +51,10 @@ def score_every_block(task: Any, fixed_limit: Optional[str]) -> None:
     @functools.wraps(original)
     def eval_lm_dataloader(*args: Any, **kwargs: Any) -> Any:
         dataset = kwargs.get("dataset", args[0] if args else None)
+        task_cfg = getattr(task, "args", None) or getattr(task, "cfg", None)
         check_coverage(getattr(dataset, "sizes", None), kwargs.get("max_positions"), fixed_limit,
-                       context_window=kwargs.get("context_window") or 0)
+                       context_window=kwargs.get("context_window") or 0,
+                       break_mode=str(getattr(task_cfg, "sample_break_mode", "none")))
         return original(*args, **kwargs)
 
     eval_lm_dataloader.checks_coverage = True  # type: ignore[attr-defined]
@@ -69,9 +71,12 @@ def model_input_lengths(sizes: Any, context_window: int = 0) -> np.ndarray:
     return sizes + np.minimum(before, context_window)
 
 
-def check_coverage(sizes: Any, max_positions: Any, fixed_limit: Optional[str], context_window: int = 0) -> None:
+def check_coverage(sizes: Any, max_positions: Any, fixed_limit: Optional[str], context_window: int = 0,
+                   break_mode: str = "none") -> None:
     """Raise :class:`PartialEvaluationError` when some of the blocks' ``sizes`` (with their
-    ``context_window`` earlier tokens) exceed ``max_positions``."""
+    ``context_window`` earlier tokens) exceed ``max_positions``; ``break_mode`` is fairseq-eval-lm's
+    ``--sample-break-mode``, whose blocks of whole sentences (``eos``, ``complete``) a long sentence exceeds
+    whatever ``--tokens-per-sample`` says."""
     if sizes is None or not isinstance(max_positions, int) or len(sizes) == 0:
         return
     lengths = model_input_lengths(sizes, context_window)
@@ -79,14 +84,16 @@ def check_coverage(sizes: Any, max_positions: Any, fixed_limit: Optional[str], c
     if longer == 0:
         return
     longest = int(lengths.max())
+    whole_sentences = ("" if break_mode == "none" else
+                       " with --sample-break-mode none: blocks of whole sentences are as long as their sentences")
     if fixed_limit is None:
         fix = (f"this model reads longer blocks once told: add {OVERRIDE.format(length=longest)} "
-               f"(or lower --tokens-per-sample to {max_positions})")
+               f"(or give --tokens-per-sample {max_positions}{whole_sentences})")
     else:
         fix = (f"its parameters are tied to its {max_positions} positions by {fixed_limit}, so it cannot read "
                f"longer blocks: evaluate "
                f"with --tokens-per-sample {max_positions} or less (--context-window adds earlier context "
-               f"within that limit) and --sample-break-mode none or complete")
+               f"within that limit){whole_sentences}")
     if context_window > 0:
         what = (f"fairseq-eval-lm would give the model {longer} of {len(sizes)} blocks that, with their "
                 f"--context-window {context_window} earlier tokens, are longer than its {max_positions} positions "

@@ -1,11 +1,13 @@
 """What every model family of the plugin shares: ``from_pretrained`` through :mod:`fairseq_posattn.hub`
-(docs/hub.md), and the check that a data directory is the checkpoint's own
-(:mod:`fairseq_posattn.data.fingerprint`)."""
+(docs/hub.md), the check that a data directory is the checkpoint's own
+(:mod:`fairseq_posattn.data.fingerprint`), and the record of the options that make the model's function
+(:mod:`fairseq_posattn.models.position_record`)."""
 
 import functools
 from typing import Any, Callable, Dict
 
 from fairseq_posattn.data.fingerprint import check_data_fingerprint
+from fairseq_posattn.models.position_record import record_model_options
 
 
 class PosattnHubMixin:
@@ -20,13 +22,16 @@ class PosattnHubMixin:
     dictionaries when a model is built for training and, when fairseq loads a checkpoint (it restores
     the checkpoint's task state before it builds the model), refuses a data directory whose
     dictionaries are not the ones the model was trained with. ``build_model`` is the one call of ours
-    that every task makes, fairseq's own included, and so every tool that loads a checkpoint.
+    that every task makes, fairseq's own included, and so every tool that loads a checkpoint. The model it
+    builds then records its options (:func:`~fairseq_posattn.models.position_record.record_model_options`),
+    before any weights load into it: those of ``args``, or of ``model.built_from`` where ``build_model``
+    built it from other ones.
     """
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         if "build_model" in vars(cls):
-            cls.build_model = classmethod(_checking_data_fingerprint(vars(cls)["build_model"].__func__))
+            cls.build_model = classmethod(_checked_and_recorded(vars(cls)["build_model"].__func__))
 
     @classmethod
     def hub_models(cls) -> Dict[str, str]:
@@ -41,10 +46,13 @@ class PosattnHubMixin:
                                    archive_map=cls.hub_models(), **kwargs)
 
 
-def _checking_data_fingerprint(build_model: Callable) -> Callable:
-    """``build_model(cls, args, task)`` that checks (or records) the task's data fingerprint first."""
+def _checked_and_recorded(build_model: Callable) -> Callable:
+    """``build_model(cls, args, task)`` that checks (or records) the task's data fingerprint first, and records
+    the options of the model it builds."""
     @functools.wraps(build_model)
     def checked(cls, args: Any, task: Any):
         check_data_fingerprint(task)
-        return build_model(cls, args, task)
+        model = build_model(cls, args, task)
+        record_model_options(model, getattr(model, "built_from", args))
+        return model
     return checked

@@ -121,7 +121,7 @@ class PositionAwareTransformerEncoder(TransformerEncoderBase):
         self.position_options = position_options
         self._layers_built = 0
         super().__init__(cfg, dictionary, embed_tokens, return_fc=return_fc)
-        self.position_record = PositionOptionsRecord(position_options)
+        self.position_record = PositionOptionsRecord.of_side(position_options)
         register_shared(self, position_options)
         self.structural_embedding: Optional[StructuralPositionalEmbedding] = None
         if embeds_tree_depth(position_options):
@@ -227,7 +227,7 @@ class PositionAwareTransformerDecoder(TransformerDecoderBase):
         self._layers_built = 0
         super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn,
                          output_projection=output_projection)
-        self.position_record = PositionOptionsRecord(position_options)
+        self.position_record = PositionOptionsRecord.of_side(position_options)
         register_shared(self, position_options)
 
     def upgrade_state_dict_named(self, state_dict: Dict[str, Tensor], name: str) -> Dict[str, Tensor]:

@@ -48,9 +48,9 @@ KERNEL_OPTIONS = (
                  "gradients): on a mismatch warn and take the explicit path from then on, stop with an error, "
                  "or do not check (off)", choices=SELF_CHECK_CHOICES),
     MethodOption("reset_position_options", False,
-                 "load weights whose {what} was trained with other position options (fine-tuning one method "
-                 "from another); refused otherwise, so that a resumed checkpoint never silently becomes "
-                 "another model"),
+                 "load weights whose model was trained with other options that change what it computes (the "
+                 "position options of the {what}, position embeddings, ...; fine-tuning one method from "
+                 "another); refused otherwise, so that a resumed checkpoint never silently becomes another model"),
 )
 
 
@@ -120,6 +120,9 @@ class SidePositionOptions:
         self.max_positions, self.max_positions_option = max_positions, max_positions_option
         self.values = dict(defaults, **values)
         self.shared: Dict[str, Any] = {}
+        #: the methods these (fixed) values switch on, and whether a term keeps parameters per position
+        self._methods = tuple(method for method in methods_of(side) if method.is_on(self))
+        self._needs_max_positions = any(method.needs_max_positions(self) for method in self._methods)
 
     def __getattr__(self, name: str) -> Any:
         values = self.__dict__.get("values", {})
@@ -145,7 +148,7 @@ class SidePositionOptions:
 
     def methods(self) -> List[PositionMethod]:
         """The registered methods that this side's options switch on, in registration order."""
-        return [method for method in methods_of(self.side) if method.is_on(self)]
+        return list(self._methods)
 
     def validate(self) -> None:
         """Fail at start-up, naming the option to change, for impossible values or combinations."""
@@ -165,11 +168,11 @@ class SidePositionOptions:
     def needs_context(self) -> bool:
         """True when some method is on: the side then runs its own layer loop with a per-batch
         position context (else it is fairseq's own)."""
-        return bool(self.methods())
+        return bool(self._methods)
 
     def needs_max_positions(self) -> bool:
         """True when some term keeps parameters per position up to t."""
-        return any(method.needs_max_positions(self) for method in self.methods())
+        return self._needs_max_positions
 
     def check_length(self, length: int) -> None:
         """Refuse a batch longer than t, naming the option to raise (once per batch, by the side)."""

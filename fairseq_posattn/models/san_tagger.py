@@ -82,6 +82,7 @@ class SanTaggerModel(PosattnHubMixin, FairseqEncoderModel):
     @classmethod
     def build_model(cls, args: argparse.Namespace, task: Any) -> "SanTaggerModel":
         san_tagger_base(args)
+        check_pieces_fit(args.max_source_positions, task)
         options = SidePositionOptions.from_config(
             args, "encoder", causal=False, max_positions=args.max_source_positions,
             max_positions_option="--max-source-positions")
@@ -105,6 +106,20 @@ class SanTaggerModel(PosattnHubMixin, FairseqEncoderModel):
         return self.encoder.max_positions()
 
 
+def check_pieces_fit(max_source_positions: int, task: Any) -> None:
+    """The data directory's sentence pieces (up to ``posattn-prepare-tagging --max-length`` words) must fit the
+    model's positions: fairseq would drop the longer ones from training and, with
+    ``--skip-invalid-size-inputs-valid-test``, from the accuracy."""
+    settings = getattr(task, "settings", None)
+    if settings is not None and settings.max_length > max_source_positions:
+        raise PositionOptionError(
+            f"the sentence pieces of {task.cfg.data} have up to {settings.max_length} words (posattn-prepare-tagging "
+            f"--max-length {settings.max_length}) and the tagger reads at most {max_source_positions} "
+            f"(--max-source-positions {max_source_positions}): fairseq would leave the longer pieces out of "
+            f"training and of the accuracy. Give --max-source-positions {settings.max_length}, or prepare the data "
+            f"with --max-length {max_source_positions}")
+
+
 class SanTaggerEncoder(FairseqEncoder):
     """Word (+ position) (+ character CNN) input, position-aware self-attention layers, and the
     residual from the input to the output (Dufter et al. 2020, Table 1a)."""
@@ -112,7 +127,7 @@ class SanTaggerEncoder(FairseqEncoder):
     def __init__(self, args: argparse.Namespace, words: Any, chars: Any, position_options: SidePositionOptions):
         super().__init__(words)
         self.position_options = position_options
-        self.position_record = PositionOptionsRecord(position_options)
+        self.position_record = PositionOptionsRecord.of_side(position_options)
         self.padding_idx = words.pad()
         self.max_source_positions = args.max_source_positions
         self.position_embedding = args.position_embedding

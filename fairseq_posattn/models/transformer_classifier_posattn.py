@@ -25,7 +25,8 @@ learning rate 1e-3 is a training flag (``--optimizer adam --lr 1e-3``), not an a
 """
 
 import argparse
-from typing import Any, Dict, Optional, Tuple
+import functools
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
 from fairseq import utils
@@ -46,9 +47,14 @@ from fairseq_posattn.models.position_options import (
     add_position_args,
     set_position_defaults,
 )
+from fairseq_posattn.user_errors import UserError
 
 POOLING_CHOICES = ["mean", "first"]
 DEFAULT_MAX_POSITIONS = 512  # the task's --max-positions default
+
+
+class LabelOutsideClassesError(UserError, ValueError):
+    """A sentence whose label is none of the classifier's classes."""
 
 
 def pool(features: Tensor, padding_mask: Optional[Tensor], pooling: str) -> Tensor:
@@ -131,6 +137,7 @@ class PositionAwareTransformerClassifier(PosattnHubMixin, FairseqEncoderModel):
         cfg = TransformerConfig.from_namespace(args)
         dictionary = task.source_dictionary
         embed_tokens = Embedding(len(dictionary), cfg.encoder.embed_dim, dictionary.pad())
+        check_every_label(task)
         return cls(args, PositionAwareTransformerEncoder(cfg, dictionary, embed_tokens, options))
 
     def forward(self, src_tokens: Tensor, src_lengths: Optional[Tensor] = None, features_only: bool = True,
@@ -153,6 +160,56 @@ class PositionAwareTransformerClassifier(PosattnHubMixin, FairseqEncoderModel):
         self.classification_heads[name] = PooledClassificationHead(
             self.args.encoder_embed_dim, inner_dim or self.args.encoder_embed_dim, num_classes,
             self.args.pooler_activation_fn, self.args.pooler_dropout, self.args.classifier_pooling)
+
+
+def check_every_label(task: Any) -> None:
+    """Refuse a split with a label outside the classifier's classes, in one line, where fairseq's criterion
+    would stop at its batch with "IndexError: Target -1 is out of bounds" (a label that the training labels
+    do not have, which fairseq-preprocess binarizes as ``<unk>``): the splits loaded so far (fairseq-train
+    loads its validation splits before the model) and, from now on, every split the task loads."""
+    cfg = getattr(task, "cfg", None)
+    if cfg is None or getattr(cfg, "regression_target", True) or getattr(task, "label_dictionary", None) is None:
+        return
+    for split, dataset in task.datasets.items():
+        check_labels(split, dataset, task)
+    original: Callable[..., Any] = task.load_dataset
+    if getattr(original, "checks_labels", False):
+        return
+
+    @functools.wraps(original)
+    def load_dataset(split: str, *args: Any, **kwargs: Any) -> Any:
+        dataset = original(split, *args, **kwargs)
+        check_labels(split, task.datasets[split], task)
+        return dataset
+
+    load_dataset.checks_labels = True  # type: ignore[attr-defined]
+    task.load_dataset = load_dataset
+
+
+def check_labels(split: str, dataset: Any, task: Any) -> None:
+    """Every target of ``dataset`` (fairseq's sentence_prediction split) must be a class, 0..num_classes-1."""
+    targets = getattr(getattr(dataset, "dataset", dataset), "defn", {}).get("target")
+    if targets is None or len(targets) == 0:
+        return
+    labels = torch.cat([targets[i].view(-1) for i in range(len(targets))])
+    outside = ((labels < 0) | (labels >= task.cfg.num_classes)).nonzero().view(-1)
+    if len(outside):
+        raise LabelOutsideClassesError(
+            f"{task.cfg.data}/label/{split}: sentence {int(outside[0]) + 1} (line {int(outside[0]) + 1} of the "
+            f"label text that fairseq-preprocess binarized) has {label_named(int(labels[outside[0]]), task)}; "
+            f"{len(outside)} of the split's {len(labels)} sentences have no class of the classifier. Correct or "
+            f"drop those lines, or prepare the splits with posattn-prepare-classification, which refuses them")
+
+
+def label_named(target: int, task: Any) -> str:
+    """What the label of a target outside the classes is, for the refusal."""
+    dictionary, classes = task.label_dictionary, task.cfg.num_classes
+    symbol = dictionary[target + dictionary.nspecial]
+    if target < 0:
+        known = ", ".join(dictionary.symbols[dictionary.nspecial:dictionary.nspecial + classes])
+        return (f"the label {symbol}: fairseq-preprocess wrote it for a label that label/dict.txt, the training "
+                f"labels ({known}), does not hold")
+    return f"the label {symbol!r}, class {target}, beyond --num-classes {classes}"
 
 
 @register_model_architecture("transformer_posattn_classifier", "transformer_posattn_classifier")

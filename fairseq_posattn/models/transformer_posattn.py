@@ -72,7 +72,9 @@ class PositionAwareTransformerModel(PosattnHubMixin, TransformerModel):
             raise PositionOptionError(
                 f"--encoder-structural-positions {args.encoder_structural_positions} needs each source "
                 f"sentence's parse: use --task translation_structural (not {type(task).__name__})")
-        return super().build_model(args, task)
+        model = super().build_model(args, task)
+        model.built_from = args  # as fairseq completed it (--share-all-embeddings sets the decoder's sharing)
+        return model
 
     def forward(self, src_tokens, src_lengths, prev_output_tokens, return_all_hiddens: bool = True,
                 features_only: bool = False, alignment_layer=None, alignment_heads=None,

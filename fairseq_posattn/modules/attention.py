@@ -167,6 +167,9 @@ class PositionAwareMultiheadAttention(MultiheadAttention):
         self.post_softmax_term = terms.post_softmax
         self.temperature = terms.temperature
         self.kernel, self.self_check, self.where = terms.kernel, terms.self_check, terms.where
+        #: what the path depends on besides the call: the terms rescale the logits; an additive one learns
+        self.rescales = self.scaling_term is not None or len(self.key_value_terms) > 0
+        self.learned_bias = any(learns(term) for term in self.additive_terms)
         self._logged_paths: set = set()
         self._configuration: Optional[Tuple[str, ...]] = None
 
@@ -207,13 +210,11 @@ class PositionAwareMultiheadAttention(MultiheadAttention):
             return EXPLICIT, "--attention-kernel explicit"
         if self.needs_matrix():
             return EXPLICIT, "a term needs the attention matrix (convolution or value term)"
-        rescales = self.scaling_term is not None or len(self.key_value_terms) > 0
-        learned = any(learns(term) for term in self.additive_terms)
         possible = (flex_attention is not None and not decoding and not (self.training and self.dropout_module.p > 0)
                     and (device.type == "cuda" or not torch.is_grad_enabled()))  # no backward on the CPU
-        if possible and (self.kernel == "flex" or (device.type == "cuda" and (rescales or learned))):
+        if possible and (self.kernel == "flex" or (device.type == "cuda" and (self.rescales or self.learned_bias))):
             return FLEX, "every term has a score_mod form"
-        if not rescales:
+        if not self.rescales:
             return SDPA, "query/key transforms and additive biases only"
         return EXPLICIT, "a term rescales the logits and flex_attention is not used here"
 

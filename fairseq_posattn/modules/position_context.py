@@ -163,8 +163,7 @@ class PositionContext:
                 and without gradients, where they are valid).
             causal: the side is causal (a decoder, a language model).
         """
-        length = padding_mask.size(1)
-        index = torch.arange(length, device=padding_mask.device)
+        length, device = padding_mask.size(1), padding_mask.device
         positions = left_pads = None
         if not right_padded:
             positions = ((~padding_mask).long().cumsum(dim=1) - 1).clamp(min=0)
@@ -177,8 +176,12 @@ class PositionContext:
                     structural["depth"], structural["tin"], structural["tout"], structural_clip)
         if not right_padded or torch.is_grad_enabled():
             tables = None
-        return cls(padding_mask, index[:, None] - index[None, :], positions, left_pads, depth, relative,
-                   tables, causal)
+        if tables is None:
+            distances = index_differences(length, device)
+        else:  # a decoding step: a slice of the sequence's table
+            distances = tables.get((index_differences,), length, lambda n: index_differences(n, device), 0)
+            distances = distances[:length, :length]
+        return cls(padding_mask, distances, positions, left_pads, depth, relative, tables, causal)
 
     @classmethod
     def from_tokens(
@@ -317,6 +320,12 @@ def structural_relative(depth: Tensor, tin: Tensor, tout: Tensor, clip: int) -> 
         on_path, depth[:, :, None] - depth[:, None, :], sign * (depth[:, :, None] + depth[:, None, :])
     )
     return rel.clamp(-clip, clip)
+
+
+def index_differences(length: int, device: torch.device) -> Tensor:
+    """``(length, length)`` long ``i - j`` of query index i and key index j."""
+    index = torch.arange(length, device=device)
+    return index[:, None] - index[None, :]
 
 
 def binary_tree_side_data(length: int) -> Tuple[List[int], List[int], List[int]]:

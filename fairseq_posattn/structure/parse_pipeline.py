@@ -29,6 +29,7 @@ from tqdm import tqdm
 
 from fairseq_posattn.atomic_io import atomic_write, read_lines, refuse_output_that_is_an_input
 from fairseq_posattn.structure.conllu_io import write_conllu
+from fairseq_posattn.structure.parser_input import check_parser_input
 from fairseq_posattn.structure.parsers import ConlluReader, Parse, SpacyParser, StanzaParser
 
 logger = logging.getLogger(__name__)
@@ -61,7 +62,9 @@ def parse_corpus(spec: BackendSpec, output: str, num_shards: int = 1, shard_id: 
     """Parse ``spec.input`` into ``output``: every shard (then merge them), one shard, or only the merge.
 
     With ``num_shards == 1`` and no ``shard_id`` the whole input is parsed straight into ``output``. An output
-    (or shard file) that is the input text or the ``conllu`` backend's parses is refused before anything is read.
+    (or shard file) that is the input text or the ``conllu`` backend's parses is refused before anything is read;
+    text that the spaCy or stanza parser cannot parse (another language, or not tokenized:
+    :func:`~fairseq_posattn.structure.parser_input.check_parser_input`) before anything is parsed.
     """
     shards = [shard_path(output, num_shards, k) for k in range(num_shards)] if num_shards > 1 else []
     for written in (output, *shards):
@@ -70,6 +73,8 @@ def parse_corpus(spec: BackendSpec, output: str, num_shards: int = 1, shard_id: 
     if merge_only:
         merge_shards(spec.input, output, num_shards, n_lines)
         return
+    if spec.backend != "conllu":
+        check_parser_input(spec.input, n_lines, spec.backend, spec.model, spec.lang)
     with ParseRunner(spec, workers) as runner:
         if shard_id is not None:
             parse_shard(runner, output, num_shards, shard_id, n_lines)

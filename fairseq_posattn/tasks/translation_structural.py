@@ -10,6 +10,7 @@ parser and aligns the pieces to them, as ``posattn-prepare-structure`` does for 
 side data reaches the encoder as ``src_structure``.
 """
 
+import glob
 import logging
 import os
 from dataclasses import dataclass, field
@@ -26,10 +27,19 @@ from fairseq.tasks.translation import TranslationConfig, TranslationTask
 from fairseq_posattn.data.structural_dataset import StructuralLanguagePairDataset, collate_structure
 from fairseq_posattn.structure.alignment import align_pieces, words_of_pieces
 from fairseq_posattn.structure.side_data import token_side_data
+from fairseq_posattn.user_errors import UserError
 
 logger = logging.getLogger(__name__)
 
 STRUCTURE_SUFFIX = "structure"
+
+
+class SideDataError(UserError, ValueError):
+    """Structural side data that does not belong to the binarized source, or options that would misalign them."""
+
+
+class MissingSideDataError(UserError, FileNotFoundError):
+    """A split that ``--task translation_structural`` reads has no structural side data."""
 
 
 def structure_prefix(data_path: str, split: str, src: str, tgt: str) -> str:
@@ -67,9 +77,7 @@ class TranslationStructuralTask(TranslationTask):
         prefix = structure_prefix(data_path, split, self.cfg.source_lang, self.cfg.target_lang)
         structure = data_utils.load_indexed_dataset(prefix, None, self.cfg.dataset_impl)
         if structure is None:
-            raise FileNotFoundError(
-                f"no structural side data {prefix}.{{bin,idx}} for split {split!r}: run "
-                f"posattn-prepare-structure on that split's CoNLL-U parse and BPE text")
+            raise missing_side_data(prefix, data_path, split, self.cfg.source_lang)
         pairs = self.datasets[split]
         check_side_data_sizes(structure.sizes, pairs.src_sizes, prefix)
         self.datasets[split] = StructuralLanguagePairDataset(pairs, structure)
@@ -148,28 +156,45 @@ class TranslationStructuralTask(TranslationTask):
         return self._parser
 
 
+def missing_side_data(prefix: str, data_path: str, split: str, source_lang: str) -> MissingSideDataError:
+    """The refusal of a split without side data; it names the side data the split has for another source
+    language (``-s de -t en`` on data whose English side was parsed)."""
+    pattern = os.path.join(data_path, f"{split}.*.{STRUCTURE_SUFFIX}.idx")
+    others = sorted(path[: -len(".idx")] for path in glob.glob(pattern))
+    what = (f"no structural side data {prefix}.{{bin,idx}} for split {split!r} (--task translation_structural "
+            f"reads the parse of every source sentence)")
+    if others:
+        return MissingSideDataError(
+            f"{what}; the split's side data, {', '.join(others)}, parses another source language than "
+            f"--source-lang {source_lang}: translate from that language, or run posattn-prepare-structure on the "
+            f"CoNLL-U parse and BPE text of the {source_lang} side")
+    return MissingSideDataError(
+        f"{what}: run posattn-prepare-structure on that split's CoNLL-U parse and BPE text, or leave the split "
+        f"out (--valid-subset, --gen-subset)")
+
+
 def refuse_misaligning_options(cfg: TranslationStructuralConfig) -> None:
     """Options that change the source tokens after binarization would misalign the side data."""
     if cfg.truncate_source:
-        raise ValueError("--truncate-source would cut source tokens but not their structural side data; "
+        raise SideDataError("--truncate-source would cut source tokens but not their structural side data; "
                          "drop it (filter long sentences when preparing the data instead)")
     if cfg.num_batch_buckets > 0:
-        raise ValueError("--num-batch-buckets pads sources to bucket lengths, which the structural side "
+        raise SideDataError("--num-batch-buckets pads sources to bucket lengths, which the structural side "
                          "data does not follow; drop it")
     if cfg.required_seq_len_multiple > 1:
-        raise ValueError("--required-seq-len-multiple pads sources, which the structural side data does "
+        raise SideDataError("--required-seq-len-multiple pads sources, which the structural side data does "
                          "not follow; drop it")
 
 
 def check_side_data_sizes(structure_sizes: np.ndarray, src_sizes: np.ndarray, prefix: str) -> None:
     """Every sentence needs 3 side-data values per binarized source token (EOS included)."""
     if len(structure_sizes) != len(src_sizes):
-        raise ValueError(f"{prefix}: {len(structure_sizes)} sentences of side data but "
+        raise SideDataError(f"{prefix}: {len(structure_sizes)} sentences of side data but "
                          f"{len(src_sizes)} binarized source sentences; re-run posattn-prepare-structure "
                          "on the same split")
     bad = np.nonzero(np.asarray(structure_sizes) != 3 * np.asarray(src_sizes))[0]
     if len(bad):
         i = int(bad[0])
-        raise ValueError(f"{prefix}: sentence {i} has side data for {structure_sizes[i] // 3} tokens but "
+        raise SideDataError(f"{prefix}: sentence {i} has side data for {structure_sizes[i] // 3} tokens but "
                          f"{src_sizes[i]} binarized source tokens ({len(bad)} such sentences); re-run "
                          "posattn-prepare-structure on the BPE text that fairseq-preprocess binarized")

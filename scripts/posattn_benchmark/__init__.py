@@ -59,7 +59,7 @@ hash). Per row group (batch shape):
 Modules: ``variants`` (the rows and their targets), ``batches`` (synthetic data), ``worker`` (one
 measurement in a subprocess), ``groups`` and ``runner`` (the row groups and the parent that runs
 their workers), ``stats`` (ratios and target checks), ``header`` and ``report`` (the markdown),
-``readme`` (the README section), ``cli`` (options and main).
+``readme`` (the generated section of docs/benchmark.md), ``cli`` (options and main).
 
 Usage::
 
@@ -68,7 +68,7 @@ Usage::
     python scripts/posattn_benchmark --variants direct-absolute distance-aware shaw --decode-variants
     python scripts/posattn_benchmark --long                    # also a group at sequence length 512
     python scripts/posattn_benchmark --variants struct-abs --decode-variants struct-abs struct-rel
-    python scripts/posattn_benchmark --long --lm --readme README.md   # what `make benchmark` runs
+    python scripts/posattn_benchmark --long --lm --readme docs/benchmark.md   # what `make benchmark` runs
     python scripts/posattn_benchmark --long --profile conv-2d shaw    # torch.profiler tables instead
     python scripts/posattn_benchmark --device cuda --variants san-p-r alibi   # on the GPU
 """

@@ -104,7 +104,7 @@ def parse_cli(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     add("--output", type=Path, help="also write the markdown report to this file")
     add("--readme", type=Path,
         help=f"also put the report into this markdown file, between the lines {README_START!r} and "
-        f"{README_END!r} (the README's benchmark section: `make benchmark`)")
+        f"{README_END!r} (docs/benchmark.md's current numbers: `make benchmark`)")
     add("--profile", nargs="+", choices=list(VARIANTS_BY_NAME), metavar="NAME",
         help="instead of the measurements, profile the train steps of these variants and of vanilla "
         "with torch.profiler in every group, and print each one's most expensive operators")

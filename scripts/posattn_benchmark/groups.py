@@ -3,12 +3,14 @@ model sentences and blocks), with what the workers measured for it."""
 
 import argparse
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Sequence, Set
+from typing import Any, Dict, List, Optional, Sequence, Set
 
 from posattn_benchmark.batches import BatchShape
 from posattn_benchmark.variants import LANGUAGE_MODELING, REFERENCES, TRANSLATION, Variant
 
 LONG_LENGTH = 512
+#: the language model's greedy decoding group: sequences per batch and tokens from BOS, decoded step by step
+GREEDY_BATCH, GREEDY_LENGTH = 8, 48
 
 
 @dataclass
@@ -22,6 +24,13 @@ class Group:
     #: whether the decoding variants decode here (a language model's prompt length does not matter
     #: to its decoding speed: only its sentences group decodes)
     decodes: bool = True
+    #: whether train steps are timed and memory measured here (not in a decoding-only group)
+    trains: bool = True
+    #: decoding: fairseq's beam search (SequenceGenerator), or greedy steps of the model's decoder from BOS
+    #: (``model.decoder(tokens, incremental_state=...)`` per token, as a sampling loop runs it)
+    greedy: bool = False
+    #: tokens each hypothesis decodes (None: --decode-length)
+    decode_length: Optional[int] = None
     memory: Dict[str, List[Dict[str, Any]]] = field(default_factory=dict)
     #: step times of the primary malloc setting, and with glibc's default malloc (``--malloc both``)
     timing: Dict[str, List[float]] = field(default_factory=dict)
@@ -61,6 +70,10 @@ def build_groups(cli: argparse.Namespace) -> List[Group]:
         groups.append(Group(f"language model, sentences of {cli.min_len}-{cli.max_len}",
                             BatchShape(cli.min_len, cli.max_len, cli.max_tokens), cli.max_positions,
                             task=LANGUAGE_MODELING))
+        groups.append(Group(f"language model, greedy decoding of {GREEDY_LENGTH} tokens from BOS "
+                            f"({GREEDY_BATCH} sequences, {LONG_LENGTH} positions)",
+                            BatchShape(2, 2, 2 * GREEDY_BATCH), LONG_LENGTH, task=LANGUAGE_MODELING,
+                            trains=False, greedy=True, decode_length=GREEDY_LENGTH))
     if cli.lm:
         for length in cli.lm_block_lengths:
             blocks = cli.lm_batch_size if cli.lm_block_tokens is None else max(1, cli.lm_block_tokens // length)

@@ -1,6 +1,8 @@
-"""The README's benchmark section: refused before measuring unless its marker lines are in place,
-then replaced in one rename."""
+"""The benchmark section of a markdown file (``--readme``; `make benchmark` names docs/benchmark.md, whose
+current numbers it is): refused before measuring unless its marker lines are in place, then replaced in one
+rename, with the date of the run."""
 
+import datetime
 from pathlib import Path
 from typing import Optional
 
@@ -22,14 +24,19 @@ def section_error(path: Path) -> Optional[str]:
     return None
 
 
+def dated(body: str, day: Optional[datetime.date] = None) -> str:
+    """``body`` (the report without its title) after a line with the date the run ended."""
+    day = day or datetime.datetime.now(datetime.timezone.utc).date()
+    return f"- Run: ended {day.isoformat()} (UTC).\n{body}"
+
+
 def replace_section(path: Path, report: str) -> None:
-    """Put ``report`` (without its title) between the README_START and README_END lines of ``path``
-    (checked by :func:`section_error`), through a temporary file and a rename."""
+    """Put ``report`` (without its title), dated, between the README_START and README_END lines of
+    ``path`` (checked by :func:`section_error`), through a temporary file and a rename."""
     text = path.read_text(encoding="utf-8")
     head, rest = text.split(README_START)
     _, tail = rest.split(README_END)
     body = report.split("\n", 2)[2] if report.startswith("# ") else report
     temporary = path.with_name(path.name + ".tmp")
-    temporary.write_text(f"{head}{README_START}\n{body}{README_END}{tail}", encoding="utf-8")
+    temporary.write_text(f"{head}{README_START}\n{dated(body)}{README_END}{tail}", encoding="utf-8")
     temporary.replace(path)
-

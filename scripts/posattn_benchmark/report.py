@@ -157,18 +157,18 @@ def render(groups: Sequence[Group], variants: Sequence[Variant], decode_variants
               "| memory ratio | target |",
               f"|---|---|---:|---:|{default_rule}---:|---:|---|"]
     notes = []
-    for group in groups:
+    for group in (group for group in groups if group.trains):
         rows, noise = group_rows(group, variants, default_malloc)
         lines.append(f"| **{group.title}** |" + " |" * (6 + default_malloc))
         lines += rows
         notes.append(f"- Baseline, {group.title}: {noise}.")
     decoding_groups = [group for group in groups if group.decoders(decode_variants)]
     if decoding_groups:
-        lines += ["", f"**Beam search** (beam {BEAM_SIZE}, {cli.decode_length} tokens + EOS per "
-                  "hypothesis)", "", "| variant | flags | sentences/s | speed ratio | target |",
+        lines += ["", "**Decoding**", "", "| variant | flags | sentences/s | speed ratio | target |",
                   "|---|---|---:|---:|---|"]
         for group in decoding_groups:
-            lines.append(f"| **{group.title}** | | | | |")
+            how = "" if group.greedy else f": beam {BEAM_SIZE}, {cli.decode_length} tokens + EOS per hypothesis"
+            lines.append(f"| **{group.title}{how}** | | | | |")
             lines += decode_rows(group, decode_variants)
     if prepare is not None:
         lines += prepare_lines(prepare)

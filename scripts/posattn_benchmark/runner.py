@@ -70,7 +70,7 @@ class Runner:
         self.malloc = "reuse" if cli.malloc == "both" else cli.malloc
         self.also_default_malloc = cli.malloc == "both"
         # memory runs (vanilla twice), timing (once or twice), decoding
-        self.total = sum(len(group.applicable(self.variants)) + 3 + self.also_default_malloc
+        self.total = sum((len(group.applicable(self.variants)) + 3 + self.also_default_malloc) * group.trains
                          + bool(group.decoders(self.decode_variants)) for group in groups)
 
     def spec(self, group: Group, mode: str, variants: Sequence[Variant]) -> WorkerSpec:
@@ -79,11 +79,13 @@ class Runner:
         return WorkerSpec(mode=mode, task=group.task, variants=tuple(variants),
                           size_flags=size_flags(cli, group.task),
                           max_positions=group.max_positions,
-                          shape=group.shape.sentences(cli.decode_batch_size) if decoding else group.shape,
+                          shape=group.shape.sentences(cli.decode_batch_size) if decoding and not group.greedy
+                          else group.shape,
                           vocab_size=cli.vocab_size, warmup=cli.warmup,
                           steps=cli.decode_rounds if decoding else cli.steps, seed=cli.seed,
                           device=cli.device, threads=cli.threads, conllu=str(cli.conllu),
-                          decode_length=cli.decode_length, precision=cli.precision)
+                          decode_length=group.decode_length or cli.decode_length, precision=cli.precision,
+                          greedy=group.greedy)
 
     def run(self, group: Group, mode: str, variants: Sequence[Variant], what: str,
             malloc: Optional[str] = None) -> Optional[Dict[str, Any]]:
@@ -106,7 +108,8 @@ class Runner:
         """Memory of vanilla, of every variant and of vanilla again; then the timing of all; then
         the decoding speed of vanilla and the decoding variants."""
         reference, variants = group.reference, group.applicable(self.variants)
-        self.measure_memory(group, [reference, *variants, reference])
+        if group.trains:
+            self.measure_memory(group, [reference, *variants, reference])
         if reference.name in group.memory:
             runnable = [reference, *(v for v in variants if v.name in group.memory)]
             what = f"timing of {len(runnable)} models, round-robin"
@@ -122,8 +125,8 @@ class Runner:
         decode_variants = group.decoders(self.decode_variants)
         if decode_variants:
             decoders = [reference, *decode_variants]
-            result = self.run(group, "decoding", decoders,
-                              f"beam search of {len(decoders)} models, round-robin")
+            result = self.run(group, "decoding", decoders, f"{'greedy decoding' if group.greedy else 'beam search'} "
+                              f"of {len(decoders)} models, round-robin")
             if result is not None:
                 group.decoding = result["decode_ms"]
                 group.decode_sentences = result["sentences"]

@@ -50,6 +50,7 @@ class WorkerSpec:
     conllu: str
     decode_length: int
     precision: str = "fp32"
+    greedy: bool = False
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -229,23 +230,42 @@ class Worker:
                                f"{self.spec.decode_length} and EOS")
         return elapsed_ms
 
+    def decode_greedily(self, variant: Variant, model: Any, generator: None, batch: Dict[str, Any]) -> float:
+        """``decode_length`` greedy steps of the model's decoder from BOS for the batch's sentences, one
+        ``model.decoder(tokens, incremental_state=...)`` call per token; the time in ms."""
+        import torch
+
+        tokens = torch.full((batch["net_input"]["src_tokens"].size(0), 1), self.dictionary.eos(),
+                            dtype=torch.long, device=self.device)
+        state: Dict[str, Any] = {}
+        self.synchronize()
+        start = time.perf_counter()
+        with torch.no_grad():
+            for _ in range(self.spec.decode_length):
+                logits = model.decoder(tokens, incremental_state=state)[0]
+                tokens = torch.cat([tokens, logits[:, -1].argmax(-1, keepdim=True)], dim=1)
+        self.synchronize()
+        return (time.perf_counter() - start) * 1000
+
     def decoding(self) -> Dict[str, Any]:
-        """Beam-search times of every variant in eval mode, round-robin as in :meth:`timing`, with
-        every hypothesis forced to ``decode_length`` tokens (``min_len = max_len_b``)."""
+        """Decoding times of every variant in eval mode, round-robin as in :meth:`timing`: beam search
+        with every hypothesis forced to ``decode_length`` tokens (``min_len = max_len_b``), or
+        (``greedy``) the decoder stepped greedily from BOS."""
         from fairseq.sequence_generator import SequenceGenerator
 
         length = self.spec.decode_length
         models = []
         for variant in self.spec.variants:
             model = self.build(variant)[0].eval()
-            generator = SequenceGenerator([model], self.dictionary, beam_size=BEAM_SIZE,
-                                          max_len_a=0, max_len_b=length, min_len=length)
+            generator = None if self.spec.greedy else SequenceGenerator(
+                [model], self.dictionary, beam_size=BEAM_SIZE, max_len_a=0, max_len_b=length, min_len=length)
             models.append((variant, model, generator))
+        decode = self.decode_greedily if self.spec.greedy else self.decode
         decode_ms: Dict[str, List[float]] = {variant.name: [] for variant in self.spec.variants}
         for index, batch in enumerate(self.batches):
             shift = index % len(models)
             for variant, model, generator in models[shift:] + models[:shift]:
-                elapsed_ms = self.decode(variant, model, generator, batch)
+                elapsed_ms = decode(variant, model, generator, batch)
                 if index >= self.spec.warmup:
                     decode_ms[variant.name].append(elapsed_ms)
         sentences = [len(b["net_input"]["src_tokens"]) for b in self.batches[self.spec.warmup:]]

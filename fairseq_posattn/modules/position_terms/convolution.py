@@ -14,9 +14,10 @@ PyTorch's default convolution initialisation (kaiming-uniform filters, a bias un
 ``+-1/sqrt(fan_in)``, e.g. +-0.33 for a 3 x 3 filter: large beside attention weights of about 1/T).
 """
 
+import contextlib
 import logging
 from dataclasses import dataclass
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, ContextManager, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -54,13 +55,19 @@ def _widen(rows: Tensor, probs: Tensor) -> Tensor:
     return F.pad(rows.to(probs.dtype), (0, probs.size(-1) - rows.size(-1)))
 
 
-def _rows_to_cache(probs: Tensor, earlier: Optional[Tensor], context: int) -> Tensor:
-    """The last ``context`` query rows of ``earlier`` (zeros before the first step) and ``probs``."""
+def _causal_rows(probs: Tensor, history: Optional[Tensor], context: int) -> Tuple[Tensor, int, Tensor]:
+    """What a causal convolution over query rows reads: ``(rows, top, cache)``. Without ``history``
+    (a full pass or the first decoding step) the rows are ``probs`` with ``top = context`` zero rows
+    of padding above them; in incremental decoding the ``context`` cached rows of the earlier steps,
+    widened to ``probs``' key columns, stacked above ``probs`` (``top = 0``). ``cache``: the last
+    ``context`` rows, zeros before the first query, for the next step."""
+    if history is not None:
+        rows = torch.cat([_widen(history, probs), probs], dim=2)
+        return rows, 0, rows[:, :, rows.size(2) - context :]
+    cache = probs
     if probs.size(2) < context:
-        if earlier is None:
-            earlier = probs.new_zeros(probs.shape[:2] + (context, probs.size(-1)))
-        probs = torch.cat([earlier, probs], dim=2)
-    return probs[:, :, probs.size(2) - context :]
+        cache = torch.cat([probs.new_zeros(probs.shape[:2] + (context, probs.size(-1))), probs], dim=2)
+    return probs, context, cache[:, :, cache.size(2) - context :]
 
 
 def _rectify(out: Tensor, blocked: Optional[Tensor]) -> Tensor:
@@ -69,6 +76,13 @@ def _rectify(out: Tensor, blocked: Optional[Tensor]) -> Tensor:
     if blocked is not None:
         out = out.masked_fill_(blocked, 0.0)
     return out.relu_()
+
+
+def decoding_step_kernel(step: bool) -> ContextManager:
+    """For the k rows of a decoding step on the CPU, PyTorch's own convolution: oneDNN's costs more to set
+    up than to run on so few rows (a 2d step took twice as long; one step of a 2-layer language model 7%
+    longer in all)."""
+    return torch.backends.mkldnn.flags(enabled=False) if step else contextlib.nullcontext()
 
 
 def initialise(conv: nn.Module, init: str, fan_in: int, fan_out: int) -> None:
@@ -100,12 +114,9 @@ class ConvolvedAttention2d(PostSoftmaxTransform):
 
         if not self.causal:
             return _rectify(convolve(probs, half), blocked), None
-        earlier = None if history is None else _widen(history, probs)
-        cache = _rows_to_cache(probs, earlier, k - 1)
-        if earlier is None:  # zero rows above the first query: the convolution's own padding
-            out = convolve(probs, k - 1)[:, :, : probs.size(2)]
-        else:
-            out = convolve(torch.cat([earlier, probs], dim=2), 0)
+        rows, top, cache = _causal_rows(probs, history, k - 1)
+        with decoding_step_kernel(history is not None and rows.device.type == "cpu"):
+            out = convolve(rows, top)[:, :, : probs.size(2)]  # zero rows above the first query: the padding
         return _rectify(out, blocked), cache
 
     def inspect(self, positions: int) -> List[Quantity]:
@@ -173,6 +184,17 @@ class KeyChannelConvolution(torch.autograd.Function):
                 grad_rows[:, span, :cols].baddbmm_(g, weight[:, a, :cols, :cols].transpose(1, 2))
         grad_probs = grad_rows.view(heads, -1, batch, width)[:, top : top + length].permute(2, 0, 1, 3)
         return grad_probs, grad_weight, None, None, None
+
+
+def decoding_step(rows: Tensor, weight: Tensor) -> Tensor:
+    """:class:`KeyChannelConvolution`'s one output row of a decoding step, ``(batch, heads, 1, width)``,
+    from the ``k`` rows ``(batch, heads, k, width)`` above and at the query: ``sum_a rows[:, :, a] @
+    weight[:, a]``, one batched product per tap over the heads."""
+    taps = rows.permute(2, 1, 0, 3)  # k x heads x batch x width
+    out = torch.bmm(taps[0], weight[:, 0])
+    for a in range(1, weight.size(1)):
+        out.baddbmm_(taps[a], weight[:, a])
+    return out.permute(1, 0, 2).unsqueeze(2)
 
 
 def causal_blocks(queries: int, width: int, block_rows: int) -> List[Tuple[int, int, int]]:
@@ -261,12 +283,13 @@ class ConvolvedAttention1d(PostSoftmaxTransform):
         if not self.causal:
             out = KeyChannelConvolution.apply(probs, weight, k // 2, k // 2, [(0, tgt_len, src_len)])
         else:
-            earlier = None if history is None else _widen(history, probs)
-            cache = _rows_to_cache(probs, earlier, k - 1)
-            rows, top = (probs, k - 1) if earlier is None else (torch.cat([earlier, probs], dim=2), 0)
-            blocks = ([(0, tgt_len, src_len)] if torch.compiler.is_compiling()  # one graph for all lengths
-                      else causal_blocks(tgt_len, src_len, self.block_rows))
-            out = KeyChannelConvolution.apply(rows, weight, top, 0, blocks)
+            rows, top, cache = _causal_rows(probs, history, k - 1)
+            if history is not None and tgt_len == 1:  # a decoding step: k products, nothing saved
+                out = decoding_step(rows, weight)
+            else:
+                blocks = ([(0, tgt_len, src_len)] if torch.compiler.is_compiling()  # one graph for all lengths
+                          else causal_blocks(tgt_len, src_len, self.block_rows))
+                out = KeyChannelConvolution.apply(rows, weight, top, 0, blocks)
         out = out.add_(bias[None, :, None, :])
         if left_padded:
             out = self._shift_columns(out, ctx, -1)

@@ -78,7 +78,8 @@ class DistanceAwareMethod(PositionMethod):
     options = (
         MethodOption("distance_aware", False,
                      "distance-aware attention in every layer of the {what} (Wu et al. 2021, "
-                     "DA-Transformer): ReLU(QK^T) re-scaled by a learned function of |i - j| per head"),
+                     "DA-Transformer): ReLU(QK^T) * f(w |i - j|; v) / sqrt(d_h), f(x; v) = (1 + e^v) / "
+                     "(1 + e^(v - x)), with w and v learned per head"),
     )
     benchmark_target = "scaling"
     variants = {"distance-aware": {"distance_aware": True}}

@@ -62,6 +62,10 @@ class ExpandedBuckets(Preparation):
 class RelativePositionEmbeddings(KeyValueAugmentation):
     """Shaw et al.: bucket ``clip(j - i, -k, k) + k`` of the sequential distance."""
 
+    #: the bucket is a function of the query and key positions alone (not of a parse): a decoding step
+    #: reads its keys' embeddings from one table per sequence (:meth:`step_embeddings`)
+    positions_only = True
+
     def __init__(self, head_dim: int, clip: int, values: bool = True):
         """``values``: the value term too (the paper's model); False: keys only (Shaw et al.'s
         Table 3 ablation), which has a pointwise form (:meth:`score_mod`) and fuses."""
@@ -96,12 +100,33 @@ class RelativePositionEmbeddings(KeyValueAugmentation):
         """:meth:`buckets` as ``(batch, heads, tgt_len, src_len)``, prepared once per batch for every layer."""
         return ctx.prepared(ExpandedBuckets(self.buckets(tgt_len, src_len), batch, heads))
 
+    def step_embeddings(self, name: str, ctx: PositionContext, tgt_len: int, src_len: int,
+                        dtype: torch.dtype) -> Optional[Tensor]:
+        """In a decoding step of one query (the last of ``src_len`` tokens): ``(src_len, head_dim)``, the
+        embedding ``table[clip(j - i, -k, k) + k]`` of every key j, where ``table`` is the parameter
+        ``name``; a slice of a table built once per sequence. None outside such a step."""
+        if tgt_len != 1 or not self.positions_only or ctx.tables is None:
+            return None
+        table, clip = getattr(self, name), self.clip
+
+        def build(n: int) -> Tensor:  # row m: the key at m for the query at n - 1
+            keys = torch.arange(n, device=table.device)
+            return table.to(dtype)[(keys - (n - 1)).clamp(-clip, clip) + clip]
+        rows = ctx.sequence_table(self.table_key(name, dtype), src_len, build, length_dim=0)
+        return rows[rows.size(0) - src_len:]
+
     def key_logits(self, q: Tensor, ctx: PositionContext, tgt_len: int, src_len: int) -> Tensor:
+        rows = self.step_embeddings("key_table", ctx, tgt_len, src_len, q.dtype)
+        if rows is not None:
+            return torch.matmul(q, rows.t())
         per_bucket = torch.matmul(q, self.key_table.to(q.dtype).t())  # B x H x Tq x buckets
         buckets = self._expanded_buckets(ctx, q.size(0), q.size(1), tgt_len, src_len)
         return per_bucket.gather(-1, buckets)
 
     def value_output(self, probs: Tensor, ctx: PositionContext) -> Tensor:
+        rows = self.step_embeddings("value_table", ctx, probs.size(2), probs.size(3), probs.dtype)
+        if rows is not None:
+            return torch.matmul(probs, rows)
         buckets = self._expanded_buckets(ctx, *probs.shape)
         mass = probs.new_zeros(probs.shape[:-1] + (self.value_table.size(0),))
         mass.scatter_add_(-1, buckets, probs)  # attention mass per bucket

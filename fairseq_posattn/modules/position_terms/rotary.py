@@ -107,7 +107,8 @@ class RotaryMethod(PositionMethod):
     options = (
         MethodOption("rotary", False,
                      "rotary position embedding (RoPE, Su et al. 2021) of queries and keys in every "
-                     "layer of the {what}, by token position"),
+                     "layer of the {what}: pairs of dimensions turned by the token position times "
+                     "theta_k = 10000^(-2k/d_h); the incremental cache holds rotated keys"),
     )
     benchmark_target = "additive"
     variants = {"rotary": {"rotary": True}}

@@ -36,6 +36,8 @@ class StructuralBuckets(RelativeBuckets):
 class StructuralRelativeEmbeddings(RelativePositionEmbeddings):
     """Bucket ``rel_stru(i, j) + r`` with ``rel_stru`` clipped to ``[-r, r]``."""
 
+    positions_only = False  # the bucket comes from the parse
+
     def buckets(self, tgt_len: int, src_len: int) -> RelativeBuckets:
         return StructuralBuckets(self.clip, tgt_len, src_len)
 

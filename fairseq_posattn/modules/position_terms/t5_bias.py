@@ -158,8 +158,9 @@ class T5RelativeBiasMethod(PositionMethod):
     options = (
         MethodOption("t5_relative_bias", 0,
                      "T5's bucketed relative position bias in every layer of the {what} (Raffel et al. "
-                     "2020): N buckets of key-minus-query distances, a learned scalar per bucket and head, "
-                     "one table shared by the side's layers; 0 = off"),
+                     "2020): N buckets of key-minus-query distances (half exact, half logarithmic; both "
+                     "directions on a bidirectional side, one on a causal side), a learned scalar per bucket "
+                     "and head, one table shared by the side's layers; 0 = off"),
         MethodOption("t5_max_distance", 128,
                      "with --{side}-t5-relative-bias: distances from this one on share the last bucket"),
     )

@@ -44,8 +44,8 @@ class LearnableTemperatureMethod(PositionMethod):
     citation = "Dufter et al. 2020, section 2.4"
     options = (
         MethodOption("learnable_temperature", False,
-                     "learnable per-head temperatures gamma_q, gamma_k, gamma_v in every layer of the "
-                     "{what} (Dufter et al. 2020, 2.4; +Temp)"),
+                     "learnable per-head temperatures gamma_q, gamma_k, gamma_v (starting at 1) that scale the "
+                     "head's rows of W_q, W_k, W_v, in every layer of the {what} (Dufter et al. 2020, 2.4; +Temp)"),
     )
     benchmark_target = "temperature"
     variants = {"temperature": {"learnable_temperature": True}}
