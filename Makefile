@@ -6,7 +6,7 @@ PIP := $(PY) -m pip --disable-pip-version-check
 STAMP := $(VENV)/.fairseq-posattn-installed
 FAIRSEQ := fairseq-fixed==0.12.3.1
 
-.PHONY: install quickstart test test-fast benchmark benchmark-full require-gpu gpu-check gpu-verify gpu-wheels \
+.PHONY: install quickstart test test-fast docs benchmark benchmark-full require-gpu gpu-check gpu-verify gpu-wheels \
 	check-install clean
 
 install: $(STAMP)
@@ -35,18 +35,23 @@ test: install
 test-fast: install
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PYTEST) -m "not slow" tests
 
-# Regenerates the README's benchmark section (d = 256, 24 minutes on 2 CPU cores)
+# The option tables of README.md and docs/methods.md, from the position registry (tests/test_documents.py
+# checks that they are up to date).
+docs: install
+	$(PY) -m fairseq_posattn.docs_tables --write
+
+# Regenerates docs/benchmark.md's current numbers (d = 256, 24 minutes on 2 CPU cores)
 # and keeps the report; benchmark-full: the iwslt sizes (d = 512), also timed with glibc's default
 # malloc (over an hour).
 benchmark: install
 	mkdir -p benchmark-output
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) scripts/posattn_benchmark --long --lm --threads 1 \
-		--embed-dim 256 --ffn-dim 512 --output benchmark-output/benchmark.md --readme README.md
+		--embed-dim 256 --ffn-dim 512 --output benchmark-output/benchmark.md --readme docs/benchmark.md
 
 benchmark-full: install
 	mkdir -p benchmark-output
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) scripts/posattn_benchmark --full --long --lm --threads 1 \
-		--output benchmark-output/benchmark-full.md --readme README.md
+		--output benchmark-output/benchmark-full.md --readme docs/benchmark.md
 
 # The GPU check (docs/gpu_check.md): the precision / checkpointing / compile / distributed tests on the
 # GPU, short --fp16 / --bf16 / --amp trainings on one and on all GPUs, the benchmark with --device cuda;

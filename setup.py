@@ -8,7 +8,15 @@ would replace a user's own torch build. A user who already has fairseq 0.12 keep
 ``fairseq_posattn`` names the rule when fairseq is missing.
 """
 
+import re
+from pathlib import Path
+
 from setuptools import find_packages, setup
+
+#: the one source of the version: ``__version__`` in fairseq_posattn/__init__.py (read, not imported: importing
+#: the package imports fairseq); CHANGELOG.md has a section per version
+VERSION = re.search(r'^__version__ = "([^"]+)"', (Path(__file__).parent / "fairseq_posattn" / "__init__.py")
+                    .read_text(encoding="utf-8"), re.M).group(1)
 
 FAIRSEQ = [
     'fairseq-fixed==0.12.3.1; python_version >= "3.11"',
@@ -19,7 +27,7 @@ TEST = ["pytest>=7", "pytest-xdist>=3", "vermin==1.9.2"]
 
 setup(
     name="fairseq-posattn",
-    version="0.1.0",
+    version=VERSION,
     description="Position-aware self-attention for fairseq: direct positions, temperature, "
     "convolved and distance-aware attention, relative and structural positions",
     long_description=open("README.md", encoding="utf-8").read(),
