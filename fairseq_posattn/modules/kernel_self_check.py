@@ -44,8 +44,11 @@ logger = logging.getLogger(__name__)
 SELF_CHECK_CHOICES = ("warn", "error", "off")
 #: the sentence lengths of the check's batch: neither a multiple of 64 nor of 128, two paddings apart
 CHECK_LENGTHS = (200, 137)
-#: the largest error allowed, relative to the largest magnitude of the explicit path's tensor
-TOLERANCE = {torch.float64: 1e-9, torch.float32: 2e-3, torch.float16: 1e-2, torch.bfloat16: 5e-2}
+#: the largest error allowed, relative to the largest magnitude of the explicit path's tensor. In half precision
+#: both paths round and accumulate differently (a bias table's gradient sums every pair of a head): on an H200
+#: flex_attention and the explicit path differed by up to 4.7e-2 in bf16 and 1.4e-6 in fp32 where both were
+#: right; a wrong kernel (NaN, a lost gradient, wrong values) differs by far more
+TOLERANCE = {torch.float64: 1e-9, torch.float32: 2e-3, torch.float16: 5e-2, torch.bfloat16: 1e-1}
 
 
 class FusedKernelMismatch(UserError, RuntimeError):
