@@ -1,5 +1,6 @@
 """Faulty fused kernels for the self-check's tests (tests/test_kernel_self_check.py), put where the attention
-kernel calls them: values off by 0.1 (a miscompiled flex_attention), NaN gradients (pytorch#153799, #196678)."""
+kernel calls them: values off by 0.1 (a miscompiled flex_attention), NaN gradients (pytorch#153799, #196678),
+a compilation that fails (Triton's shared-memory limit, pytorch#133254)."""
 
 from typing import Callable
 
@@ -31,3 +32,11 @@ def shifted_flex(device: torch.device) -> Callable[..., torch.Tensor]:
 def nan_gradient_sdpa(*args) -> torch.Tensor:
     """SDPA with its mask whose backward is NaN."""
     return NaNGradient.apply(REAL_SDPA(*args))
+
+
+def uncompilable_flex(device: torch.device) -> Callable[..., torch.Tensor]:
+    """A flex_attention that fails to compile, as Triton does where its tiles need too much shared memory."""
+    def failing(*args, **kwargs):
+        raise RuntimeError("No valid triton configs. OutOfMemoryError: out of resource: triton_tem_fused_flex_attention_0"
+                           " Required: 245760 Hardware limit:232448\nReducing block sizes or `num_stages` may help.")
+    return failing

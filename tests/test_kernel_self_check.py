@@ -18,7 +18,7 @@ from fairseq_posattn.modules.attention import EXPLICIT, FLEX, SDPA
 from fairseq_posattn.modules.kernel_self_check import FusedKernelMismatch, compare_paths, forget_verdicts
 from fairseq_posattn.modules.position_context import PositionContext, binary_tree_side_data
 from cli_helpers import error_line, preprocess_in_process
-from faulty_kernels import nan_gradient_sdpa, shifted_flex
+from faulty_kernels import nan_gradient_sdpa, shifted_flex, uncompilable_flex
 from model_helpers import REPO, USER_DIR
 from test_attention_terms import VARIANTS, batch, build_attention, causal_mask, context
 from test_kernel_paths import FUSABLE
@@ -107,6 +107,23 @@ def test_a_flex_kernel_with_wrong_values_warns_once_and_scores_as_the_explicit_p
         torch.testing.assert_close(output, explicit, rtol=0, atol=0)
 
 
+def test_a_flex_kernel_that_fails_to_compile_warns_with_its_error_and_scores_as_the_explicit_path(
+        monkeypatch, caplog):
+    monkeypatch.setattr(attention, "flex_kernel", uncompilable_flex)
+    attn = build_attention(FUSABLE["t5-bias"], causal=True)
+    attn.kernel = "flex"
+    x, mask = batch("right")
+    call = dict(key_padding_mask=context(mask, x, causal=True), attn_mask=causal_mask(x.size(0)), need_weights=False)
+    with caplog.at_level(logging.WARNING), torch.no_grad():
+        output = attn(x, x, x, **call)[0]
+        attn.kernel = "explicit"
+        explicit = attn(x, x, x, **call)[0]
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert ("disagrees: it failed to run (RuntimeError: No valid triton configs. OutOfMemoryError: out of "
+            "resource: triton_tem_fused_flex_attention_0 Required: 245760 Hardware limit:232448); torch") in warning
+    torch.testing.assert_close(output, explicit, rtol=0, atol=0)
+
+
 def train_step_gradients(attn, x, mask):
     attn.zero_grad()
     xs = x.detach().requires_grad_()
@@ -185,16 +202,22 @@ def captured_tensors(function, seen=None):
 
 
 @pytest.mark.parametrize("variant", sorted(FUSABLE))
-def test_no_score_mod_captures_a_zero_dim_learned_tensor(variant):
-    """A 0-dim learned scalar captured in a score_mod fails to lower on CUDA (pytorch#145208): every
-    learned tensor a score_mod reads has a dimension (heads, a table)."""
-    attn = build_attention(FUSABLE[variant], causal=False)
+def test_every_learned_tensor_a_score_mod_captures_is_a_table_in_fp32(variant):
+    """A 0-dim learned scalar captured in a score_mod fails to lower on CUDA (pytorch#145208), and flex's
+    backward adds a captured tensor's gradient atomically in its dtype (bf16 lost T5's on an H200): every
+    learned tensor a score_mod of a bf16 layer reads has a dimension (heads, a table) and is fp32."""
+    attn = build_attention(FUSABLE[variant], causal=False).to(torch.bfloat16)
+    for term in attn.score_terms():
+        for module in term.side_modules():  # a side's own (the model converts them with the side)
+            module.to(torch.bfloat16)
     x, mask = batch("left")
+    x = x.to(torch.bfloat16)
     ctx = context(mask, x)
     q, k, _ = attn._project(x)
     tensors = captured_tensors(attn.score_mod(ctx, q, k.size(2)))
     assert tensors or not attn.score_terms()  # RoPE and the temperature change q and k only
-    assert all(t.dim() > 0 for t in tensors if t.requires_grad), [t.shape for t in tensors]
+    learned = [t for t in tensors if t.requires_grad]
+    assert all(t.dim() > 0 and t.dtype == torch.float32 for t in learned), [(t.shape, t.dtype) for t in learned]
 
 
 #: fairseq-train with the faulty SDPA put where the kernel calls it (tests/ on PYTHONPATH)

@@ -500,14 +500,22 @@ def masked_sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, dropout_p: float)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=1.0)
 
 
+#: flex_attention's Triton tiles on CUDA: 64 x 64, one pipeline stage. With a learned table captured in fp32
+#: the default tiles need more shared memory than an H200 has (245,760 of 232,448 bytes: "No valid triton
+#: configs", pytorch#133254); these ran as fast as the default on plain causal attention (docs/benchmark.md)
+FLEX_KERNEL_OPTIONS = {"BLOCK_M": 64, "BLOCK_N": 64, "num_stages": 1}
 _COMPILED_FLEX: Dict[str, Callable[..., Tensor]] = {}
 
 
 def flex_kernel(device: torch.device) -> Callable[..., Tensor]:
-    """``flex_attention``, compiled on CUDA (the fused Triton kernel); on the CPU its eager
-    implementation (unfused: for checks and no-grad scoring)."""
+    """``flex_attention``, compiled on CUDA (the fused Triton kernel, with :data:`FLEX_KERNEL_OPTIONS`); on
+    the CPU its eager implementation (unfused: for checks and no-grad scoring)."""
     if device.type != "cuda":
         return flex_attention
     if "cuda" not in _COMPILED_FLEX:
-        _COMPILED_FLEX["cuda"] = torch.compile(flex_attention)
+        compiled = torch.compile(flex_attention)
+
+        def tiled(*args: Any, **kwargs: Any) -> Tensor:
+            return compiled(*args, kernel_options=dict(FLEX_KERNEL_OPTIONS), **kwargs)
+        _COMPILED_FLEX["cuda"] = tiled
     return _COMPILED_FLEX["cuda"]

@@ -14,6 +14,8 @@ training mode, the gradients of the queries, keys, values and every learned posi
 path reads, with a tolerance by dtype. A configuration is everything the kernels see: the layer's
 terms and their sizes, the path, dtype, device, causality, padding side, side data and training
 mode; the layers of one configuration share one check. On a mismatch or a non-finite value,
+A fused path that fails to run (a compilation error, such as Triton's "No valid triton configs" where
+the kernel needs more shared memory than the GPU has) is treated as a mismatch. On either,
 ``--{side}-attention-self-check``:
 
 - ``warn`` (default): one warning line (torch and CUDA versions, the layer, the path, the largest
@@ -65,20 +67,31 @@ class Comparison:
             where either path gave a non-finite value.
         tolerance: the largest relative error allowed for the dtype.
         seconds: the time both paths and the comparison took.
+        failure: the error the fused path raised (its type and first line), empty when it ran.
     """
 
     errors: Dict[str, float]
     tolerance: float
     seconds: float
+    failure: str = ""
 
     @property
     def largest(self) -> Tuple[str, float]:
-        """The compared tensor with the largest error, and that error."""
+        """The compared tensor with the largest error, and that error (``inf`` when the fused path failed)."""
+        if self.failure:
+            return "output", float("inf")
         return max(self.errors.items(), key=lambda item: item[1])
 
     @property
     def agrees(self) -> bool:
         return self.largest[1] <= self.tolerance
+
+    def finding(self) -> str:
+        """What a mismatch report says was found."""
+        if self.failure:
+            return f"it failed to run ({self.failure})"
+        name, error = self.largest
+        return f"largest relative error {error:.1e} in {name} (tolerance {self.tolerance:.0e})"
 
 
 def relative_error(got: Tensor, expected: Tensor) -> float:
@@ -131,13 +144,19 @@ def compare_paths(attn: nn.Module, path: str, ctx: PositionContext, dtype: torch
             results += [torch.zeros_like(x) if g is None else g for g, x in zip(grads, inputs)]
         return results
 
+    tolerance = TOLERANCE.get(dtype, TOLERANCE[torch.float32])
     with torch.enable_grad() if gradients else torch.no_grad(), \
             torch.autograd.graph.saved_tensors_hooks(lambda saved: saved, lambda saved: saved):
-        fused, explicit = run(path), run(attn.reference_path)
+        try:
+            fused = run(path)
+        except Exception as error:  # noqa: BLE001 (whatever the kernel raises, the explicit path is right)
+            failure = f"{type(error).__name__}: {next(iter(str(error).splitlines()), '')}"
+            return Comparison({}, tolerance, time.perf_counter() - start, failure)
+        explicit = run(attn.reference_path)
     errors = {"output": relative_error(fused[0], explicit[0])}
     errors.update((f"grad {name}", relative_error(got, expected))
                   for name, got, expected in zip(names, fused[1:], explicit[1:]))
-    return Comparison(errors, TOLERANCE.get(dtype, TOLERANCE[torch.float32]), time.perf_counter() - start)
+    return Comparison(errors, tolerance, time.perf_counter() - start)
 
 
 def configuration_key(attn: nn.Module, path: str, ctx: PositionContext, dtype: torch.dtype) -> Hashable:
@@ -176,7 +195,7 @@ def self_check(attn: nn.Module, path: str, ctx: PositionContext, dtype: torch.dt
         logger.info("%s: self-check passed in %.3f s (largest relative error %.1e, %s)",
                     what, comparison.seconds, error, name)
         return True
-    found = f"largest relative error {error:.1e} in {name} (tolerance {comparison.tolerance:.0e}); {versions()}"
+    found = f"{comparison.finding()}; {versions()}"
     flag = f"--{attn.where.split()[0]}-attention-self-check"
     if attn.self_check == "error":
         raise FusedKernelMismatch(f"{what} disagrees: {found}. Stopped by {flag} error; {flag} warn "

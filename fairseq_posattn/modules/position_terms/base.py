@@ -43,6 +43,19 @@ def same_dtype(tensor: Tensor, dtype: torch.dtype) -> Tensor:
     return tensor if tensor.dtype == dtype else tensor.to(dtype)
 
 
+def captured(table: Tensor) -> Tensor:
+    """``table`` as a ``score_mod`` captures every learned tensor: in fp32 (fp64 for a double model). flex_attention's
+    backward adds a captured tensor's gradient element by element, with atomic adds in the tensor's
+    own dtype; a table read at many (query, key) pairs then loses its gradient in bf16 (on an H200, T5's
+    table gradient was 24% off). The cast's backward hands the gradient back in the parameter's dtype.
+
+    Learned parameters reach a ``score_mod`` only through tables of one entry per head and distance (or
+    position), never as a few per-head scalars: the atomic adds into one address per head serialise
+    (on an H200, DA's per-head w and v made its backward 70x its forward at 4,096 tokens).
+    """
+    return same_dtype(table, at_least_fp32(table.dtype))
+
+
 def lookup(table: Tensor, dim: int, index: Tensor) -> Tensor:
     """``table`` indexed along ``dim`` by ``index`` of any shape, whose dims replace ``dim``.
 

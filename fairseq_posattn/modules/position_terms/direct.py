@@ -15,6 +15,7 @@ from fairseq_posattn.modules.position_context import PositionContext, Preparatio
 from fairseq_posattn.modules.position_terms.base import (
     AdditiveLogitBias,
     ScoreMod,
+    captured,
     check_length,
     check_loaded_positions,
     glorot_,
@@ -77,7 +78,7 @@ class DirectAbsolutePositionBias(AdditiveLogitBias):
 
     def score_mod(self, ctx: PositionContext, q: Tensor, src_len: int) -> ScoreMod:
         """``score + A^p[h, pos(i), pos(j)]``."""
-        weight, tgt_len = self.weight, q.size(2)
+        weight, tgt_len = captured(self.weight), q.size(2)
         if ctx.positions is None:
             offset = src_len - tgt_len
             return lambda score, b, h, q_idx, kv_idx: score + weight[h, q_idx + offset, kv_idx]
@@ -136,7 +137,7 @@ class DirectRelativePositionBias(AdditiveLogitBias):
 
     def score_mod(self, ctx: PositionContext, q: Tensor, src_len: int) -> ScoreMod:
         """``score + a^r[h, i - j + t - 1]``."""
-        weight, zero = self.weight, src_len - q.size(2) + self.max_positions - 1
+        weight, zero = captured(self.weight), src_len - q.size(2) + self.max_positions - 1
         return lambda score, b, h, q_idx, kv_idx: score + weight[h, q_idx - kv_idx + zero]
 
     def inspect(self, positions: int) -> List[Quantity]:

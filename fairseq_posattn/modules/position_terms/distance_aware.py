@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fairseq_posattn.modules.position_context import PositionContext
-from fairseq_posattn.modules.position_terms.base import LogitScaling, ScoreMod, at_least_fp32, same_dtype
+from fairseq_posattn.modules.position_terms.base import LogitScaling, ScoreMod, at_least_fp32, lookup, same_dtype
 from fairseq_posattn.modules.position_terms.registry import (
     BARS,
     MATRIX,
@@ -35,12 +35,18 @@ class DistanceAwareScaling(LogitScaling):
         self.w = nn.Parameter(torch.zeros(num_heads))
         self.v = nn.Parameter(torch.zeros(num_heads))
 
+    def rescaling(self, src_len: int, device: torch.device) -> Tensor:
+        """``f(w_h d; v_h)`` (eq. 6) of every distance ``d = 0 .. src_len - 1``: ``(heads, src_len)``, in
+        fp32 (or fp64 for a double model); both paths read ``Rhat`` from it."""
+        dtype = at_least_fp32(self.w.dtype)
+        distance = torch.arange(src_len, device=device, dtype=dtype)
+        w, v = self.w.to(dtype)[:, None], self.v.to(dtype)[:, None]
+        return torch.exp(F.softplus(v) - F.softplus(v - w * distance))
+
     def coefficients(self, ctx: PositionContext, tgt_len: int, src_len: int) -> Tensor:
         """``Rhat`` of shape ``(heads, tgt_len, src_len)``, in fp32 (or fp64 for a double model)."""
-        dtype = at_least_fp32(self.w.dtype)
-        distance = ctx.relative_distances(tgt_len, src_len).abs().to(dtype)
-        w, v = self.w.to(dtype)[:, None, None], self.v.to(dtype)[:, None, None]
-        return torch.exp(F.softplus(v) - F.softplus(v - w * distance))
+        distance = ctx.relative_distances(tgt_len, src_len).abs()
+        return lookup(self.rescaling(src_len, distance.device), 1, distance)
 
     def forward(self, logits: Tensor, ctx: PositionContext) -> Tensor:
         """The rescaled logits in fp32 (the kernel's softmax runs in fp32 anyway). In incremental
@@ -50,16 +56,15 @@ class DistanceAwareScaling(LogitScaling):
         return torch.relu(same_dtype(logits, at_least_fp32(logits.dtype))) * coefficients
 
     def score_mod(self, ctx: PositionContext, q: Tensor, src_len: int) -> ScoreMod:
-        """``ReLU(score) * f(w_h |i - j|; v_h)``, computed in fp32 (fp64 for a double model) and
-        returned in the score's dtype (flex_attention's kernels hand fp32 scores)."""
-        w, v, offset = self.w, self.v, src_len - q.size(2)
+        """``ReLU(score) * Rhat[h, |i - j|]``, in fp32 (fp64 for a double model) and returned in the
+        score's dtype; ``Rhat`` per head and distance ``0 .. src_len - 1`` is computed before the kernel
+        (:func:`~fairseq_posattn.modules.position_terms.base.captured`)."""
+        rescaling = self.rescaling(src_len, q.device)
+        offset = src_len - q.size(2)
 
         def distance_aware(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-            dtype = at_least_fp32(score.dtype)
-            distance = (q_idx + offset - kv_idx).abs().to(dtype)
-            w_h, v_h = w[h].to(dtype), v[h].to(dtype)
-            coefficient = torch.exp(F.softplus(v_h) - F.softplus(v_h - w_h * distance))
-            return (torch.relu(score.to(dtype)) * coefficient).to(score.dtype)
+            coefficient = rescaling[h, (q_idx + offset - kv_idx).abs()]
+            return (torch.relu(score.to(coefficient.dtype)) * coefficient).to(score.dtype)
         return distance_aware
 
     def inspect(self, positions: int) -> List[Quantity]:

@@ -12,7 +12,7 @@ import torch
 from torch import Tensor, nn
 
 from fairseq_posattn.modules.position_context import PositionContext, Preparation
-from fairseq_posattn.modules.position_terms.base import KeyValueAugmentation, ScoreMod
+from fairseq_posattn.modules.position_terms.base import KeyValueAugmentation, ScoreMod, captured
 from fairseq_posattn.modules.position_terms.registry import (
     TABLE,
     LayerSpec,
@@ -92,7 +92,7 @@ class RelativePositionEmbeddings(KeyValueAugmentation):
         None with the value term, which needs the attention weights."""
         if self.values:
             return None
-        per_bucket = torch.matmul(q, self.key_table.to(q.dtype).t())  # B x H x Tq x buckets
+        per_bucket = captured(torch.matmul(q, self.key_table.to(q.dtype).t()))  # B x H x Tq x buckets
         bucket = self.bucket_of(ctx, q.size(2), src_len)
         return lambda score, b, h, q_idx, kv_idx: score + per_bucket[b, h, q_idx, bucket(b, q_idx, kv_idx)]
 
@@ -119,7 +119,7 @@ class RelativePositionEmbeddings(KeyValueAugmentation):
         rows = self.step_embeddings("key_table", ctx, tgt_len, src_len, q.dtype)
         if rows is not None:
             return torch.matmul(q, rows.t())
-        per_bucket = torch.matmul(q, self.key_table.to(q.dtype).t())  # B x H x Tq x buckets
+        per_bucket = captured(torch.matmul(q, self.key_table.to(q.dtype).t()))  # B x H x Tq x buckets
         buckets = self._expanded_buckets(ctx, q.size(0), q.size(1), tgt_len, src_len)
         return per_bucket.gather(-1, buckets)
 

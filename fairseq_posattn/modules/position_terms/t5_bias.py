@@ -23,7 +23,7 @@ import torch
 from torch import Tensor, nn
 
 from fairseq_posattn.modules.position_context import PositionContext, Preparation
-from fairseq_posattn.modules.position_terms.base import AdditiveLogitBias, ScoreMod, lookup
+from fairseq_posattn.modules.position_terms.base import AdditiveLogitBias, ScoreMod, captured, lookup
 from fairseq_posattn.modules.position_terms.registry import (
     CURVE,
     TABLE,
@@ -130,13 +130,15 @@ class T5RelativeBias(AdditiveLogitBias):
         return lookup(self.table, 0, buckets).permute(2, 0, 1).unsqueeze(0)  # 1 x H x Tq x Tk
 
     def score_mod(self, ctx: PositionContext, q: Tensor, src_len: int) -> ScoreMod:
-        """``score + table[bucket(i - j), h]``, the bucket of each distance prepared once per batch."""
-        table = self.table
+        """``score + bias[h, i - j]``, where ``bias = table[bucket(i - j), h]`` per head and distance is
+        read before the kernel (:func:`~fairseq_posattn.modules.position_terms.base.captured`), the
+        bucket of each distance prepared once per batch."""
         buckets = ctx.prepared(T5DistanceBuckets(self.num_buckets, self.max_distance, self.bidirectional, src_len))
+        bias = lookup(captured(self.table), 0, buckets).t()  # H x (2 src_len - 1)
         zero = 2 * src_len - 1 - q.size(2)  # the entry of i - j = 0 for q_idx = kv_idx = 0, shifted to the query
 
         def t5(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-            return score + table[buckets[q_idx - kv_idx + zero], h]
+            return score + bias[h, q_idx - kv_idx + zero]
         return t5
 
     def inspect(self, positions: int) -> List[Quantity]:
