@@ -115,7 +115,9 @@ def header_lines(groups: Sequence[Group], cli: argparse.Namespace, load: Tuple[f
             lines.append(f"- {group.title}: `model.decoder(tokens, incremental_state=state)` once per token, the "
                          "argmax appended (greedy, as a sampling loop runs a language model), in eval mode without "
                          f"gradients; --tokens-per-sample and --max-target-positions {group.max_positions}; the "
-                         "short contexts where a step's fixed costs weigh most.")
+                         "short contexts where a step's fixed costs weigh most. The models step in lockstep: at "
+                         "each token every model takes its step, in an order rotated from token to token, each "
+                         "step timed alone.")
             continue
         shapes = next((runs[0]["batch_shapes"] for runs in group.memory.values()), [])
         seen = ", ".join(sorted({f"{b} x {t}" for b, t in shapes})) or "none"

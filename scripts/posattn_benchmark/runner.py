@@ -126,7 +126,7 @@ class Runner:
         if decode_variants:
             decoders = [reference, *decode_variants]
             result = self.run(group, "decoding", decoders, f"{'greedy decoding' if group.greedy else 'beam search'} "
-                              f"of {len(decoders)} models, round-robin")
+                              f"of {len(decoders)} models, {'in lockstep' if group.greedy else 'round-robin'}")
             if result is not None:
                 group.decoding = result["decode_ms"]
                 group.decode_sentences = result["sentences"]

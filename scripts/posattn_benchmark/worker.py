@@ -230,27 +230,35 @@ class Worker:
                                f"{self.spec.decode_length} and EOS")
         return elapsed_ms
 
-    def decode_greedily(self, variant: Variant, model: Any, generator: None, batch: Dict[str, Any]) -> float:
-        """``decode_length`` greedy steps of the model's decoder from BOS for the batch's sentences, one
-        ``model.decoder(tokens, incremental_state=...)`` call per token; the time in ms."""
+    def decode_in_lockstep(self, models: List[Tuple[Variant, Any, Any]], batch: Dict[str, Any]) -> Dict[str, float]:
+        """Greedy decoding of ``decode_length`` tokens from BOS for the batch's sentences by every model at
+        once: one ``model.decoder(tokens, incremental_state=...)`` call per model and token, the models' calls
+        of each step in a rotated order, so that a machine whose speed drifts slows every model alike. Each
+        model's time in ms."""
         import torch
 
-        tokens = torch.full((batch["net_input"]["src_tokens"].size(0), 1), self.dictionary.eos(),
-                            dtype=torch.long, device=self.device)
-        state: Dict[str, Any] = {}
-        self.synchronize()
-        start = time.perf_counter()
+        start_tokens = torch.full((batch["net_input"]["src_tokens"].size(0), 1), self.dictionary.eos(),
+                                  dtype=torch.long, device=self.device)
+        tokens = {variant.name: start_tokens for variant, _, _ in models}
+        states: Dict[str, Dict[str, Any]] = {variant.name: {} for variant, _, _ in models}
+        elapsed = {variant.name: 0.0 for variant, _, _ in models}
         with torch.no_grad():
-            for _ in range(self.spec.decode_length):
-                logits = model.decoder(tokens, incremental_state=state)[0]
-                tokens = torch.cat([tokens, logits[:, -1].argmax(-1, keepdim=True)], dim=1)
-        self.synchronize()
-        return (time.perf_counter() - start) * 1000
+            for step in range(self.spec.decode_length):
+                shift = step % len(models)
+                for variant, model, _ in models[shift:] + models[:shift]:
+                    self.synchronize()
+                    start = time.perf_counter()
+                    logits = model.decoder(tokens[variant.name], incremental_state=states[variant.name])[0]
+                    tokens[variant.name] = torch.cat([tokens[variant.name], logits[:, -1].argmax(-1, keepdim=True)],
+                                                     dim=1)
+                    self.synchronize()
+                    elapsed[variant.name] += time.perf_counter() - start
+        return {name: seconds * 1000 for name, seconds in elapsed.items()}
 
     def decoding(self) -> Dict[str, Any]:
-        """Decoding times of every variant in eval mode, round-robin as in :meth:`timing`: beam search
-        with every hypothesis forced to ``decode_length`` tokens (``min_len = max_len_b``), or
-        (``greedy``) the decoder stepped greedily from BOS."""
+        """Decoding times of every variant in eval mode: beam search with every hypothesis forced to
+        ``decode_length`` tokens (``min_len = max_len_b``), round-robin as in :meth:`timing`, or (``greedy``)
+        the decoders stepped greedily from BOS in lockstep (:meth:`decode_in_lockstep`)."""
         from fairseq.sequence_generator import SequenceGenerator
 
         length = self.spec.decode_length
@@ -260,14 +268,17 @@ class Worker:
             generator = None if self.spec.greedy else SequenceGenerator(
                 [model], self.dictionary, beam_size=BEAM_SIZE, max_len_a=0, max_len_b=length, min_len=length)
             models.append((variant, model, generator))
-        decode = self.decode_greedily if self.spec.greedy else self.decode
         decode_ms: Dict[str, List[float]] = {variant.name: [] for variant in self.spec.variants}
         for index, batch in enumerate(self.batches):
-            shift = index % len(models)
-            for variant, model, generator in models[shift:] + models[:shift]:
-                elapsed_ms = decode(variant, model, generator, batch)
-                if index >= self.spec.warmup:
-                    decode_ms[variant.name].append(elapsed_ms)
+            if self.spec.greedy:
+                times = self.decode_in_lockstep(models, batch)
+            else:
+                shift = index % len(models)
+                times = {variant.name: self.decode(variant, model, generator, batch)
+                         for variant, model, generator in models[shift:] + models[:shift]}
+            if index >= self.spec.warmup:
+                for name, elapsed_ms in times.items():
+                    decode_ms[name].append(elapsed_ms)
         sentences = [len(b["net_input"]["src_tokens"]) for b in self.batches[self.spec.warmup:]]
         return {"decode_ms": decode_ms, "sentences": sentences, "batch_shapes": self.batch_shapes,
                 "digest": self.digest}
