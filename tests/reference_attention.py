@@ -89,7 +89,7 @@ def reference_attention(
     """
     L, E = x.shape
     H, d = attn.num_heads, attn.head_dim
-    gammas = attn.temperature.gamma if attn.temperature is not None else torch.ones(3, H, dtype=x.dtype)
+    gammas = attn.projection_term.gamma if attn.projection_term is not None else torch.ones(3, H, dtype=x.dtype)
     heads_out = []
     probs_all = torch.zeros(H, L, L, dtype=x.dtype)
     for h in range(H):

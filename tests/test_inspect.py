@@ -175,7 +175,7 @@ def assert_json_is_the_models_parameters(numbers: Dict, attn, n: int) -> None:
     assert direct["presentation"]["relative"]["ticks"] == [list(range(1 - n, n))]
     assert direct["citation"] == "Dufter et al. 2020, section 2.3"  # the method's declaration names its paper
     gammas = numbers["learnable-temperature"][0]
-    assert torch.equal(torch.tensor([gammas[f"gamma_{x}"] for x in "qkv"]), attn.temperature.gamma.detach())
+    assert torch.equal(torch.tensor([gammas[f"gamma_{x}"] for x in "qkv"]), attn.projection_term.gamma.detach())
     da = numbers["distance-aware"][0]
     assert da["citation"] == "Wu et al. 2021, section 3"
     assert torch.equal(torch.tensor([da["w"], da["v"]]), torch.stack([attn.scaling_term.w, attn.scaling_term.v]))

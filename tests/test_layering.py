@@ -1,5 +1,6 @@
 """The package's layers: command lines (``cli/``) sit on the library and never the other way round,
-``structure/`` does not reach into ``data/``, and every ``posattn-*`` command is a thin ``cli/`` module."""
+``structure/`` does not reach into ``data/``, the attention kernel knows kinds of term and no method, and
+every ``posattn-*`` command is a thin ``cli/`` module."""
 
 import ast
 import os
@@ -43,6 +44,14 @@ def test_the_library_never_imports_the_command_lines():
 
 def test_structure_does_not_import_data():
     assert imports_of("structure", "fairseq_posattn.data") == []
+
+
+def test_the_kernel_knows_kinds_of_term_and_no_method():
+    kernel = [os.path.join(PACKAGE, "modules", name) for name in ("attention.py", "kernel_self_check.py")]
+    methods = [module for path in kernel for _, module in imported_modules(path)
+               if module.startswith("fairseq_posattn.modules.position_terms.")
+               and not module.startswith("fairseq_posattn.modules.position_terms.base.")]
+    assert methods == []
 
 
 def test_every_console_script_is_a_cli_module():

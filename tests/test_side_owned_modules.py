@@ -82,6 +82,23 @@ def test_weights_of_the_old_layout_load_through_the_upgrade_with_identical_outpu
         assert torch.equal(loaded.state_dict()[key], table)
 
 
+def test_temperatures_saved_under_their_old_module_name_load_with_identical_outputs():
+    """0.2.0 saved the learnable temperature as ``...self_attn.temperature.gamma``; the kernel now holds
+    it as its projection scaling (``projection_term``), and fairseq's loading renames the key."""
+    flags = [*side_flags("encoder", "temperature"), *side_flags("decoder", "temperature")]
+    model = build_model("transformer_posattn", flags).eval()
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if name.endswith("projection_term.gamma"):
+                parameter.uniform_(0.5, 1.5)
+    expected = model(**NET_INPUT)[0]
+    old = {key.replace(".projection_term.", ".temperature."): value for key, value in model.state_dict().items()}
+    assert sum(".temperature.gamma" in key for key in old) == 4  # two layers on each side
+    loaded = build_model("transformer_posattn", flags).eval()
+    loaded.load_state_dict(old)
+    assert torch.equal(loaded(**NET_INPUT)[0], expected)
+
+
 def test_old_layer_copies_that_differ_are_refused_naming_the_key():
     model = build_model("transformer_posattn", TRANSLATION_FLAGS)
     old = old_layout(model.state_dict(), OLD_LAYOUT)

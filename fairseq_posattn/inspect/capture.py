@@ -325,7 +325,7 @@ class PositionalRecorder:
 # ------------------------------------------------------------------------------------ parameters
 def kernel_terms(module: PositionAwareMultiheadAttention) -> List[nn.Module]:
     """The position terms of one of our attention modules, of every kind."""
-    single = [module.scaling_term, module.post_softmax_term, module.temperature]
+    single = [module.scaling_term, module.post_softmax_term, module.projection_term]
     return [*module.query_key_terms, *module.additive_terms, *module.key_value_terms,
             *(term for term in single if term is not None)]
 

@@ -2,7 +2,7 @@
 
 Order of operations for one head (docs/methods.md, Order of operations in one head):
 
-1. ``q, k, v`` projections (weights scaled per head by the learnable temperature, if on);
+1. ``q, k, v`` projections (their weights rescaled by a projection scaling, the learnable temperature);
    ``q`` scaled by 1/sqrt(d_h); query/key transforms (rotary) of the current tokens;
 2. content logits ``q k^T`` plus the key/value augmentations' key term (Shaw, structural);
 3. logit scaling (distance-aware: ``ReLU(.) * Rhat``);
@@ -16,7 +16,7 @@ the explicit one of its kind, and a pointwise ``score_mod`` where it is a functi
 of tensors prepared once per batch. Each call takes the path its terms allow (:meth:`path`):
 
 - ``sdpa``: ``F.scaled_dot_product_attention`` with the biases and masks folded into one float mask,
-  when only query/key transforms, temperature and additive biases are on;
+  when only projection scalings, query/key transforms and additive biases are on;
 - ``flex_attention``: on CUDA, when every term that changes a logit has a ``score_mod`` form and at
   least one of them learns or rescales (compiled ``flex_attention``, a block mask for padding and
   causality prepared once per batch; no (length x length) tensor is kept for the backward pass);
@@ -67,12 +67,12 @@ from fairseq_posattn.modules.position_terms.base import (
     LogitScaling,
     PositionTerm,
     PostSoftmaxTransform,
+    ProjectionScaling,
     QueryKeyTransform,
     ScoreMod,
     at_least_fp32,
     same_dtype,
 )
-from fairseq_posattn.modules.position_terms.temperature import LearnableTemperature
 
 try:  # PyTorch >= 2.5
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
@@ -99,7 +99,7 @@ class PositionTerms:
     scaling: Optional[LogitScaling] = None
     key_value: List[KeyValueAugmentation] = field(default_factory=list)
     post_softmax: Optional[PostSoftmaxTransform] = None
-    temperature: Optional[LearnableTemperature] = None
+    projection: Optional[ProjectionScaling] = None
     #: ``--{side}-attention-kernel``, ``--{side}-attention-self-check`` and the layer's name in the log
     #: ("encoder self-attention, layer 0")
     kernel: str = "auto"
@@ -107,14 +107,14 @@ class PositionTerms:
     where: str = "self-attention"
 
     def add(self, term: nn.Module) -> None:
-        """File ``term`` under its kind (at most one scaling, post-softmax and temperature term)."""
+        """File ``term`` under its kind (at most one logit scaling, post-softmax and projection scaling)."""
         for kind, listed in ((QueryKeyTransform, self.query_key), (AdditiveLogitBias, self.additive),
                              (KeyValueAugmentation, self.key_value)):
             if isinstance(term, kind):
                 listed.append(term)
                 return
         for kind, name in ((LogitScaling, "scaling"), (PostSoftmaxTransform, "post_softmax"),
-                           (LearnableTemperature, "temperature")):
+                           (ProjectionScaling, "projection")):
             if isinstance(term, kind):
                 if getattr(self, name) is not None:
                     raise ValueError(f"two {name} terms in one layer: {getattr(self, name)} and {term}")
@@ -125,7 +125,7 @@ class PositionTerms:
     def is_empty(self) -> bool:
         return not (
             self.query_key or self.additive or self.key_value or self.scaling is not None
-            or self.post_softmax is not None or self.temperature is not None
+            or self.post_softmax is not None or self.projection is not None
         )
 
 
@@ -165,7 +165,7 @@ class PositionAwareMultiheadAttention(MultiheadAttention):
         self.scaling_term = terms.scaling
         self.key_value_terms = nn.ModuleList(terms.key_value)
         self.post_softmax_term = terms.post_softmax
-        self.temperature = terms.temperature
+        self.projection_term = terms.projection
         self.kernel, self.self_check, self.where = terms.kernel, terms.self_check, terms.where
         #: what the path depends on besides the call: the terms rescale the logits; an additive one learns
         self.rescales = self.scaling_term is not None or len(self.key_value_terms) > 0
@@ -173,12 +173,24 @@ class PositionAwareMultiheadAttention(MultiheadAttention):
         self._logged_paths: set = set()
         self._configuration: Optional[Tuple[str, ...]] = None
 
+    #: names of the term modules in checkpoints of earlier versions -> today's (0.2.0 named the temperature)
+    LEGACY_MODULE_NAMES = {"temperature": "projection_term"}
+
+    def upgrade_state_dict_named(self, state_dict: Dict[str, Tensor], name: str) -> None:
+        """Rename the keys of :data:`LEGACY_MODULE_NAMES`, then fairseq's own upgrade (fairseq's model
+        loading calls it on every module)."""
+        prefix = f"{name}." if name else ""
+        for old, new in self.LEGACY_MODULE_NAMES.items():
+            for key in [key for key in state_dict if key.startswith(f"{prefix}{old}.")]:
+                state_dict[f"{prefix}{new}.{key[len(prefix) + len(old) + 1:]}"] = state_dict.pop(key)
+        super().upgrade_state_dict_named(state_dict, name)
+
     # ----------------------------------------------------------------- projections
     def _project(self, x: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
         """``(tgt_len, batch, E)`` -> q (scaled), k, v of shape ``(batch, heads, tgt_len, d_h)``."""
         q_w, k_w, v_w = self.q_proj.weight, self.k_proj.weight, self.v_proj.weight
-        if self.temperature is not None:
-            q_w, k_w, v_w = self.temperature.scale_weights(q_w, k_w, v_w)
+        if self.projection_term is not None:
+            q_w, k_w, v_w = self.projection_term.scale_weights(q_w, k_w, v_w)
         tgt_len, bsz, _ = x.shape
 
         def split(t: Tensor) -> Tensor:

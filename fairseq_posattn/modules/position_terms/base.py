@@ -1,15 +1,14 @@
-"""The five kinds of position term, in the spirit of x-transformers' position modules.
+"""The six kinds of position term, in the spirit of x-transformers' position modules.
 
 The attention kernel (:mod:`fairseq_posattn.modules.attention`) owns projections, masking, softmax
 and dropout; a position term only says how it changes one step of that computation:
 
+- :class:`ProjectionScaling`: a rescaling of the projection weights (the learnable temperature);
 - :class:`QueryKeyTransform`: a transform of the projected queries and keys (rotary embedding);
 - :class:`AdditiveLogitBias`: a bias added to the scaled logits before the softmax;
 - :class:`LogitScaling`: an elementwise rescaling of the content logits;
 - :class:`KeyValueAugmentation`: extra key and value vectors per (query, key) pair;
 - :class:`PostSoftmaxTransform`: a transform of the post-softmax attention matrix.
-
-(The learnable temperature, a scaling of the projection weights, is the kernel's own step.)
 
 Terms read token geometry from a :class:`~fairseq_posattn.modules.position_context.PositionContext`,
 which is built once per batch and shared by every layer.
@@ -151,6 +150,14 @@ class PositionTerm(nn.Module):
         raise NotImplementedError(
             f"{type(self).__name__} must say what posattn-inspect shows of it: implement "
             "inspect(positions), returning [] when it learns nothing")
+
+
+class ProjectionScaling(PositionTerm):
+    """Kind 5 (step 1): a rescaling of the projection weights ``W_q, W_k, W_v`` before they are applied."""
+
+    def scale_weights(self, q_weight: Tensor, k_weight: Tensor, v_weight: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
+        """``W_q, W_k, W_v`` (each ``embed_dim x embed_dim``, a head's output rows together) as applied."""
+        raise NotImplementedError
 
 
 class QueryKeyTransform(PositionTerm):

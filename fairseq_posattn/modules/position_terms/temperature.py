@@ -1,8 +1,9 @@
 """Learnable temperature (Dufter et al. 2020, section 2.4; docs/methods.md, Learnable temperature).
 
-Not a position term but a scaling of the projections: per head three scalars gamma_q, gamma_k,
-gamma_v, initialised to 1, multiply that head's slice (rows) of W_q, W_k, W_v. Biases are not
-scaled (the paper scales the matrices). Applied in every layer of the side.
+A scaling of the projections (:class:`~fairseq_posattn.modules.position_terms.base.ProjectionScaling`):
+per head three scalars gamma_q, gamma_k, gamma_v, initialised to 1, multiply that head's slice (rows)
+of W_q, W_k, W_v. Biases are not scaled (the paper scales the matrices). Applied in every layer of the
+side.
 """
 
 from typing import Any, List, Tuple
@@ -10,7 +11,7 @@ from typing import Any, List, Tuple
 import torch
 from torch import Tensor, nn
 
-from fairseq_posattn.modules.position_terms.base import PositionTerm
+from fairseq_posattn.modules.position_terms.base import ProjectionScaling
 from fairseq_posattn.modules.position_terms.registry import (
     BARS,
     LayerSpec,
@@ -21,7 +22,7 @@ from fairseq_posattn.modules.position_terms.registry import (
 )
 
 
-class LearnableTemperature(PositionTerm):
+class LearnableTemperature(ProjectionScaling):
     def __init__(self, num_heads: int, head_dim: int):
         super().__init__()
         self.head_dim = head_dim
