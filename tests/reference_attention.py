@@ -13,7 +13,12 @@ from torch import Tensor
 from fairseq_posattn.modules.attention import PositionAwareMultiheadAttention
 from fairseq_posattn.modules.position_terms.alibi import LinearDistanceBias
 from fairseq_posattn.modules.position_terms.direct import DirectAbsolutePositionBias, DirectRelativePositionBias
+from fairseq_posattn.modules.position_terms.fire import FireBias
+from fairseq_posattn.modules.position_terms.kerple import KerpleBias
+from fairseq_posattn.modules.position_terms.rotary import RotaryEmbedding
+from fairseq_posattn.modules.position_terms.sandwich import SandwichBias
 from fairseq_posattn.modules.position_terms.t5_bias import T5RelativeBias
+from fairseq_posattn.modules.position_terms.xpos import XPosEmbedding
 
 
 def _f_distance(x: float, v: float) -> float:
@@ -52,11 +57,49 @@ def _direct_relative(term, h: int, i: int, j: int, causal: bool) -> float:
     return float(term.weight[h, i - j + term.max_positions - 1])  # a^r
 
 
+def _kerple(term, h: int, i: int, j: int, causal: bool) -> float:
+    """KERPLE (Chi et al. 2022, section 4.3): -r1 log(1 + r2 |i - j|) or -r1 |i - j|^r2, with r1, r2 as the
+    authors' code keeps them: at least 0.01, and r2 of the power kernel at most 2."""
+    raw = term.side_parameters
+    r1 = max(float(raw.r1[h]), 0.01)
+    r2 = max(float(raw.r2[h]), 0.01)
+    distance = abs(i - j)
+    if raw.kernel == "log":
+        return -r1 * math.log(1 + r2 * distance)
+    return -r1 * distance ** min(r2, 2.0)
+
+
+def _sandwich(term, h: int, i: int, j: int, causal: bool) -> float:
+    """Sandwich (Chi et al. 2023, section 5): p_i . p_j of sinusoids of d' dimensions, sum over k = 1 .. d'/2
+    of cos((i - j) / 10000^(2k/d')), less d'/2, over head h's compression ratio 8 (h + 1) / H."""
+    d = term.dim
+    product = sum(math.cos((i - j) / 10000.0 ** (2.0 * k / d)) for k in range(1, d // 2 + 1))
+    return (product - d / 2) / (8.0 * (h + 1) / term.num_heads)
+
+
+def _fire(term, h: int, i: int, j: int, causal: bool) -> float:
+    """FIRE (Li et al. 2023, section 3): f(psi(i - j) / psi(max(L, i))), psi(x) = log(|c| x + 1), L = |m L_0|,
+    1e-6 added to the normaliser; f one hidden ReLU layer. On a bidirectional side (our choice) the input is
+    signed and normalised by the later position, max(L, i, j); for j <= i both are the paper's."""
+    c = abs(float(term.c[0]))
+    threshold = abs(float(term.threshold_scale[0]) * term.initial_threshold)
+    distance = i - j
+    psi = math.log(c * abs(distance) + 1)
+    normaliser = math.log(c * max(threshold, i, j) + 1) + 1e-6
+    x = (1 if distance > 0 else -1 if distance < 0 else 0) * psi / normaliser
+    out = float(term.mlp_out.bias[h])
+    for unit in range(term.hidden):
+        hidden = float(term.mlp_in.weight[unit, 0]) * x + float(term.mlp_in.bias[unit])
+        out += float(term.mlp_out.weight[h, unit]) * max(hidden, 0.0)
+    return out
+
+
 #: the additive terms' biases for head h, query i, key j (token positions of one sentence), by class
 #: of term; a new additive method adds its own, written from its paper, not from its code
 REFERENCE_BIASES: Dict[type, Callable[[Any, int, int, int, bool], float]] = {
     T5RelativeBias: _t5, LinearDistanceBias: _alibi,
     DirectAbsolutePositionBias: _direct_absolute, DirectRelativePositionBias: _direct_relative,
+    KerpleBias: _kerple, SandwichBias: _sandwich, FireBias: _fire,
 }
 
 
@@ -80,6 +123,30 @@ def _rotated(vector: Tensor, position: int) -> Tensor:
     return out
 
 
+def _xposed(vector: Tensor, position: int, scale_base: int, query: bool) -> Tensor:
+    """xPos (Sun et al. 2022, section 3.2): RoPE's turn of each pair (2k, 2k + 1), then the pair scaled by
+    zeta_k^(position / B) for a query and zeta_k^(-position / B) for a key, zeta_k = (2k/d + 0.4) / 1.4 (the
+    paper's form, uncentred)."""
+    d = vector.numel()
+    out = _rotated(vector, position)
+    for k in range(d // 2):
+        zeta = (2.0 * k / d + 0.4) / 1.4
+        scale = zeta ** ((position if query else -position) / scale_base)
+        out[2 * k] = out[2 * k] * scale
+        out[2 * k + 1] = out[2 * k + 1] * scale
+    return out
+
+
+def _transformed(term, vectors: Tensor, query: bool) -> Tensor:
+    """The query/key transform ``term`` of the rows of ``vectors`` (row p at position p), by its paper."""
+    if isinstance(term, RotaryEmbedding):
+        return torch.stack([_rotated(v, p) for p, v in enumerate(vectors)])
+    if isinstance(term, XPosEmbedding):
+        return torch.stack([_xposed(v, p, term.scale_base, query) for p, v in enumerate(vectors)])
+    raise LookupError(f"no independent reference for {type(term).__name__}: add one to _transformed in "
+                      "tests/reference_attention.py")
+
+
 def reference_attention(
     attn: PositionAwareMultiheadAttention, x: Tensor, causal: bool
 ) -> Tuple[Tensor, Tensor]:
@@ -97,9 +164,8 @@ def reference_attention(
         q = x @ (attn.q_proj.weight[rows] * gammas[0, h]).t() + attn.q_proj.bias[rows]
         k = x @ (attn.k_proj.weight[rows] * gammas[1, h]).t() + attn.k_proj.bias[rows]
         v = x @ (attn.v_proj.weight[rows] * gammas[2, h]).t() + attn.v_proj.bias[rows]
-        if len(attn.query_key_terms) > 0:  # rotary
-            q = torch.stack([_rotated(q[i], i) for i in range(L)])
-            k = torch.stack([_rotated(k[j], j) for j in range(L)])
+        for term in attn.query_key_terms:  # RoPE, xPos, in the kernel's order
+            q, k = _transformed(term, q, query=True), _transformed(term, k, query=False)
         logits = torch.full((L, L), float("-inf"), dtype=x.dtype)
         for i in range(L):
             for j in range(L):

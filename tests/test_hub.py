@@ -4,22 +4,20 @@ Python process, its outputs compared with fairseq-interactive (translation, sequ
 raw text through ``--tokenizer posattn_moses --bpe posattn_subword_nmt``), fairseq-eval-lm (perplexity of
 ``transformer_lm_posattn`` and ``positional_attentive_lstm_lm``) and posattn-tag (the tagger)."""
 
-import json
 import math
 import os
 import re
-import subprocess
-import sys
 from typing import Dict, List
 
 import pytest
 import torch
 
 from cli_helpers import (SAMPLE, add_structure_in_process, binarize_in_process, error_line, prepare_sample, run,
+                         run_python,
                          run_failing)
 from fairseq_posattn.data.tagged_corpus import read_tagged_conllu
 from fairseq_posattn.data.tagging_binarize import prepare_tagging_data
-from model_helpers import REPO, USER_DIR
+from model_helpers import USER_DIR
 from test_pos_tagging import EWT_DEV, EWT_TRAIN
 from test_transformer_lm_cli import DATA as LM_DATA
 from test_transformer_lm_cli import PTB, count_tokens
@@ -60,17 +58,6 @@ import fairseq_posattn
 from fairseq_posattn.data.tagged_corpus import read_tagged_conllu
 OUTPUTS = {}
 """
-
-
-def run_python(script: str, tmp_path, **inputs) -> Dict:
-    """Run ``script`` in a fresh Python process; it reads ``INPUTS`` and assigns ``OUTPUTS`` (JSON)."""
-    paths = tmp_path / "hub_inputs.json", tmp_path / "hub_outputs.json"
-    paths[0].write_text(json.dumps(inputs), encoding="utf-8")
-    program = (f"import json\nINPUTS = json.load(open({str(paths[0])!r}))\n{script}\n"
-               f"json.dump(OUTPUTS, open({str(paths[1])!r}, 'w'))\n")
-    result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, cwd=REPO)
-    assert result.returncode == 0, result.stderr[-5000:]
-    return json.loads(paths[1].read_text(encoding="utf-8"))
 
 
 def interactive_output(output: str) -> Dict[str, Dict[int, str]]:

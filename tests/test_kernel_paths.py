@@ -8,9 +8,11 @@ import pytest
 import torch
 
 from fairseq_posattn.models.position_options import PositionOptionError, SidePositionOptions
-from fairseq_posattn.modules.attention import EXPLICIT, FLEX, SDPA, apply_densely
+from fairseq_posattn.modules.attention import EXPLICIT, FLEX, SDPA, PositionAwareMultiheadAttention, PositionTerms, \
+    apply_densely
+from fairseq_posattn.modules.position_terms.base import AdditiveLogitBias
 from model_helpers import COMBINED
-from test_attention_terms import VARIANTS, batch, build_attention, causal_mask, context
+from test_attention_terms import E, H, VARIANTS, batch, build_attention, causal_mask, context
 
 #: every variant whose terms all have a score_mod form, and all of them at once (keys-only Shaw)
 FUSABLE = {name: values for name, values in VARIANTS.items() if build_attention(values, False).fusable()}
@@ -112,6 +114,25 @@ def test_each_layer_takes_the_path_its_terms_declare(variant, cpu, cuda):
     assert attn.path(False, CUDA, decoding=True)[0] in (SDPA, EXPLICIT)
     attn.kernel = "explicit"
     assert attn.path(False, CUDA, decoding=False)[0] == EXPLICIT
+
+
+class LearnedDenseBias(AdditiveLogitBias):
+    """A learned bias with a dense form only (no ``score_mod``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.zeros(H))
+
+    def forward(self, ctx, tgt_len, src_len):
+        return self.weight[None, :, None, None]
+
+
+def test_a_learned_bias_without_a_score_mod_stays_off_flex_attention():
+    terms = PositionTerms()
+    terms.add(LearnedDenseBias())
+    attn = PositionAwareMultiheadAttention(E, H, terms).train()
+    assert attn.learned_bias and not attn.fusable()
+    assert attn.path(False, CUDA, decoding=False)[0] == SDPA
 
 
 def test_attention_dropout_keeps_training_off_flex_attention():

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from fairseq_posattn.modules import attention, kernel_self_check
-from fairseq_posattn.modules.attention import EXPLICIT, FLEX, SDPA
+from fairseq_posattn.modules.attention import FLEX, SDPA
 from fairseq_posattn.modules.kernel_self_check import FusedKernelMismatch, compare_paths, forget_verdicts
 from fairseq_posattn.modules.position_context import PositionContext, binary_tree_side_data
 from cli_helpers import error_line, preprocess_in_process

@@ -20,12 +20,11 @@ import math
 import os
 import struct
 import subprocess
-import sys
 from typing import Dict, List
 
 import pytest
 
-from cli_helpers import BIN, error_line, run_failing
+from cli_helpers import BIN, error_line, run_failing, run_python
 from model_helpers import REPO, USER_DIR
 
 pytestmark = pytest.mark.slow
@@ -78,18 +77,6 @@ METHODS = helper_methods()
 SIZES = {name: LSTM if "lstm" in name else TF for name in METHODS}
 
 
-def run_python(script: str, folder, **inputs) -> Dict:
-    """Run ``script`` in a fresh Python process; it reads ``INPUTS`` and fills ``OUTPUTS`` (JSON)."""
-    paths = folder / "inputs.json", folder / "outputs.json"
-    paths[0].write_text(json.dumps(inputs), encoding="utf-8")
-    program = (f"import json, os, sys\nINPUTS = json.load(open({str(paths[0])!r}))\nOUTPUTS = {{}}\n{script}\n"
-               f"json.dump(OUTPUTS, open({str(paths[1])!r}, 'w'))\n")
-    result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, cwd=str(folder),
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
-    return json.loads(paths[1].read_text(encoding="utf-8"))
-
-
 def count_tokens(path: str) -> int:
     with open(path, encoding="utf-8") as f:
         lines = f.read().splitlines()
@@ -135,7 +122,7 @@ def trained(ptb_slice, tmp_path_factory):
     """The slice binarized, and one tiny model per method trained a few updates on blocks of 16 tokens, all in
     one subprocess."""
     root = tmp_path_factory.mktemp("length_extrapolation")
-    done = run_python(TRAIN_ALL, root, root=str(root), raw=ptb_slice, data_bin=str(root / "data-bin"),
+    done = run_python(TRAIN_ALL, root, cwd=root, threads=1, root=str(root), raw=ptb_slice, data_bin=str(root / "data-bin"),
                       training=TRAINING, methods={name: flags + SIZES[name] for name, flags in METHODS.items()})
     assert done == {name: True for name in METHODS}
     return {"root": root, "raw": ptb_slice, "data_bin": str(root / "data-bin"),
@@ -175,7 +162,7 @@ for name, path in INPUTS["checkpoints"].items():
 def evaluations(trained):
     """fairseq-eval-lm of every checkpoint at 64 tokens, both ways, with the override that raises the model's
     position limit to 64, in one fresh process."""
-    return run_python(EVAL_ALL, trained["root"], checkpoints=trained["checkpoints"], data_bin=trained["data_bin"],
+    return run_python(EVAL_ALL, trained["root"], cwd=trained["root"], threads=1, checkpoints=trained["checkpoints"], data_bin=trained["data_bin"],
                       user_dir=USER_DIR, length=L_EVAL, modes=MODES)
 
 
@@ -225,7 +212,7 @@ for name, path in INPUTS["checkpoints"].items():
 def hub_outputs(trained):
     """Every checkpoint through the hub, in one fresh process: the limit each model declares, its refusals, its
     score at 64 tokens both ways, one long sentence, and incremental generation past 16 positions."""
-    return run_python(HUB_ALL, trained["root"], checkpoints=trained["checkpoints"], data_bin=trained["data_bin"],
+    return run_python(HUB_ALL, trained["root"], cwd=trained["root"], threads=1, checkpoints=trained["checkpoints"], data_bin=trained["data_bin"],
                       text=os.path.join(trained["raw"], "test.txt"), length=L_EVAL, modes=MODES)
 
 
@@ -397,5 +384,6 @@ def test_recipe_smoke_run_writes_table_json_and_png_then_resumes(ptb_slice, tmp_
     assert trainings[0].startswith(f"+ fairseq-train {out / 'data-bin'} ") and str(tmp_path / "second") in trainings[0]
     for steps, message in (("bogus", "STEPS are prepare, train and table"), ("train", "run the prepare step")):
         refused = subprocess.run(["bash", RECIPE], capture_output=True, text=True, cwd=REPO,
-                                 env={**os.environ, **env, "STEPS": steps, "DATA_OUT": str(tmp_path / "none")})
+                                 env={**os.environ, "PATH": BIN + os.pathsep + os.environ.get("PATH", ""), **env,
+                                      "STEPS": steps, "DATA_OUT": str(tmp_path / "none")})
         assert refused.returncode != 0 and message in refused.stderr.splitlines()[-1], refused.stderr

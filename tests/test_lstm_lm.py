@@ -21,6 +21,7 @@ from fairseq_posattn.models.attentive_lstm_lm import (
     PositionalAttention,
     SaltonAttention,
 )
+from cli_helpers import run
 from model_helpers import REPO, USER_DIR, TinyTask, build_model
 
 ARCHS = ["attentive_lstm_lm", "positional_attentive_lstm_lm"]  # the attentive models
@@ -462,7 +463,6 @@ def test_benchmark_script_with_the_authors_code():
 
 # ---------------------------------------------------------------------------- (e) real tools
 SAMPLE = os.path.join(REPO, "data", "ptb_sample")
-BIN = os.path.dirname(sys.executable)
 E2E_MODEL = ["--decoder-embed-dim", "32", "--decoder-hidden-size", "32"]
 E2E_TRAIN = [
     "--task", "language_modeling", "--user-dir", USER_DIR, "--optimizer", "adam", "--lr", "0.005",
@@ -474,12 +474,6 @@ E2E_TRAIN = [
 SENTENCES = ["--sample-break-mode", "eos", "--tokens-per-sample", "35",
              "--shorten-method", "truncate", "--shorten-data-split-list", "train,valid,test"]
 BLOCKS = ["--tokens-per-sample", "35"]
-
-
-def run(tool: str, args: List[str]) -> subprocess.CompletedProcess:
-    result = subprocess.run([os.path.join(BIN, tool), *args], capture_output=True, text=True, cwd=REPO)
-    assert result.returncode == 0, f"{tool} failed:\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}"
-    return result
 
 
 @pytest.fixture(scope="module")

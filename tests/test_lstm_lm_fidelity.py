@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from fairseq_posattn.models.attentive_lstm_lm import GAUSSIAN_EPS, LEGACY_GAUSSIAN_EPS, PositionalAttention
+from cli_helpers import BIN, run
 from model_helpers import REPO, USER_DIR, TinyTask, build_model
 
 ARCHS = ["attentive_lstm_lm", "positional_attentive_lstm_lm"]
@@ -222,13 +223,6 @@ def test_initialisation_is_only_for_new_models():
 
 # ---------------------------------------------------------------------------------------------- real tools
 SAMPLE = os.path.join(REPO, "data", "ptb_sample")
-BIN = os.path.dirname(sys.executable)
-
-
-def run(tool: str, args: List[str]) -> subprocess.CompletedProcess:
-    result = subprocess.run([os.path.join(BIN, tool), *args], capture_output=True, text=True, cwd=REPO)
-    assert result.returncode == 0, f"{tool} failed:\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}"
-    return result
 
 
 def eval_loss(data_bin: str, checkpoint: str, *extra: str) -> str:

@@ -170,6 +170,7 @@ class PositionAwareMultiheadAttention(MultiheadAttention):
         #: what the path depends on besides the call: the terms rescale the logits; an additive one learns
         self.rescales = self.scaling_term is not None or len(self.key_value_terms) > 0
         self.learned_bias = any(learns(term) for term in self.additive_terms)
+        self.pointwise = self.fusable()
         self._logged_paths: set = set()
         self._configuration: Optional[Tuple[str, ...]] = None
 
@@ -222,7 +223,8 @@ class PositionAwareMultiheadAttention(MultiheadAttention):
             return EXPLICIT, "--attention-kernel explicit"
         if self.needs_matrix():
             return EXPLICIT, "a term needs the attention matrix (convolution or value term)"
-        possible = (flex_attention is not None and not decoding and not (self.training and self.dropout_module.p > 0)
+        possible = (flex_attention is not None and self.pointwise and not decoding
+                    and not (self.training and self.dropout_module.p > 0)
                     and (device.type == "cuda" or not torch.is_grad_enabled()))  # no backward on the CPU
         if possible and (self.kernel == "flex" or (device.type == "cuda" and (self.rescales or self.learned_bias))):
             return FLEX, "every term has a score_mod form"

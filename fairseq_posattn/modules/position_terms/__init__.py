@@ -14,4 +14,8 @@ from fairseq_posattn.modules.position_terms import (  # noqa: F401  (each file r
     t5_bias,
     alibi,
     rotary,
+    kerple,
+    sandwich,
+    fire,
+    xpos,
 )

@@ -57,6 +57,7 @@ class LinearBias(Preparation):
         slopes = alibi_slopes(self.num_heads).to(device=distance.device, dtype=self.dtype)
         return -(slopes[:, None, None] * distance.to(self.dtype)).unsqueeze(0)
 
+
 class LinearDistanceBias(AdditiveLogitBias):
     """``logits[h, i, j] -= m_h * (i - j)`` (causal) or ``m_h * |i - j|`` (bidirectional)."""
 
@@ -78,7 +79,6 @@ class LinearDistanceBias(AdditiveLogitBias):
             distance = distance.clamp(min=0) if causal else distance.abs()
             return score - (slopes[h] * distance.to(slopes.dtype)).to(score.dtype)
         return alibi
-
 
     def inspect(self, positions: int) -> List[Quantity]:
         """Each head's (fixed) bias over ``i - j`` for the first ``positions`` positions (``i - j >= 0``
