@@ -16,7 +16,8 @@ from fairseq_posattn.modules.position_terms.kerple import KerpleBias, KerplePara
 from fairseq_posattn.modules.position_terms.sandwich import SandwichBias
 from fairseq_posattn.modules.position_terms.xpos import XPosEmbedding
 from model_helpers import build_lm, build_model, randomized
-from test_attention_terms import assert_matches_reference, batch, build_attention, causal_mask, context
+from test_attention_terms import (assert_gradients_match_finite_differences, assert_matches_reference, batch,
+                                  build_attention, causal_mask, context)
 
 #: FIRE past its threshold (L = |m| 2, m random: most queries of a 7-token sentence are past it) and xPos with
 #: a scale base of 4 (a decay of zeta^(d/4): strong within a sentence)
@@ -187,17 +188,7 @@ def test_xpos_needs_an_even_head_size():
 def test_gradients_match_finite_differences(regime, causal, padding):
     """FIRE's MLP, c and threshold, and the input through xPos, against finite differences (gradcheck's fast
     mode, as tests/test_attention_terms.py does for the other terms)."""
-    attn = build_attention(SHORT_REGIMES[regime], causal)
-    x, mask = batch(padding, lengths=(5, 3))
-    names, params = zip(*attn.named_parameters())
-    options = dict(key_padding_mask=context(mask, x, causal), need_weights=False,
-                   attn_mask=causal_mask(x.size(0)) if causal else None)
-
-    def attend(x, *params):
-        return torch.func.functional_call(attn, dict(zip(names, params)), (x, x, x), options)[0]
-
-    inputs = (x.requires_grad_(), *(p.detach().requires_grad_() for p in params))
-    assert torch.autograd.gradcheck(attend, inputs, eps=1e-6, atol=1e-5, fast_mode=True)
+    assert_gradients_match_finite_differences(build_attention(SHORT_REGIMES[regime], causal), causal, padding)
 
 
 @pytest.mark.parametrize("kernel", ["log", "power"])
