@@ -13,10 +13,9 @@ side pads, with the side's causality and side data) and compares the outputs and
 training mode, the gradients of the queries, keys, values and every learned position parameter the
 path reads, with a tolerance by dtype. A configuration is everything the kernels see: the layer's
 terms and their sizes, the path, dtype, device, causality, padding side, side data and training
-mode; the layers of one configuration share one check. On a mismatch or a non-finite value,
-A fused path that fails to run (a compilation error, such as Triton's "No valid triton configs" where
-the kernel needs more shared memory than the GPU has) is treated as a mismatch. On either,
-``--{side}-attention-self-check``:
+mode; the layers of one configuration share one check. A fused path that fails to run (a compilation
+error, such as Triton's "No valid triton configs" where the kernel needs more shared memory than the GPU
+has) counts as a mismatch. On a mismatch or a non-finite value, ``--{side}-attention-self-check``:
 
 - ``warn`` (default): one warning line (torch and CUDA versions, the layer, the path, the largest
   error) and the configuration takes the explicit path for the rest of the process;
