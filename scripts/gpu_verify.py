@@ -35,7 +35,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
-from gpu_check import BENCHMARK, CommandError, NoDevice, Row, benchmark_rows, detect_machine, run
+from posattn_tools.gpu_check.benchmark import benchmark_rows, run_benchmark
+from posattn_tools.gpu_check.context import Row
+from posattn_tools.gpu_check.machine import NoDevice, detect_machine
+from posattn_tools.runs import side_flags
 
 #: (longest, shortest) sentence of each correctness batch; the self-check's batch among them
 GPU_LENGTHS = ((17, 11), (127, 84), (192, 128), (200, 137), (513, 342), (1000, 667))
@@ -68,9 +71,9 @@ class LongBlocks:
     threads: Optional[int] = None
 
     def size_flags(self) -> Tuple[str, ...]:
-        dims = {"layers": self.layers, "embed-dim": self.embed_dim, "ffn-embed-dim": 4 * self.embed_dim,
-                "attention-heads": self.heads, "input-dim": self.embed_dim, "output-dim": self.embed_dim}
-        return tuple(item for name, value in dims.items() for item in (f"--decoder-{name}", str(value)))
+        return tuple(side_flags(("decoder",), {
+            "layers": self.layers, "embed-dim": self.embed_dim, "ffn-embed-dim": 4 * self.embed_dim,
+            "attention-heads": self.heads, "input-dim": self.embed_dim, "output-dim": self.embed_dim}))
 
 
 @dataclass(frozen=True)
@@ -384,14 +387,10 @@ def benchmark_part(report_rows: List[Row], args: Sequence[str], device: str, nam
                    timeout: float) -> None:
     """Run the benchmark with ``args``; its train-step rows go into ``report_rows``."""
     markdown = output / f"{name}.md"
-    command = [sys.executable, str(BENCHMARK), "--device", device, "--skip-prepare", "--malloc", "reuse",
-               *args, "--output", str(markdown)]
-    try:
-        run(command, output / "logs" / f"{name}.log", dict(os.environ), timeout)
-    except CommandError as error:
-        if not markdown.exists():
-            report_rows.append(Row(name, device, " ".join(args), "FAILED", str(error)))
-            return
+    failure = run_benchmark(device, args, markdown, output / "logs" / f"{name}.log", dict(os.environ), timeout)
+    if failure is not None:
+        report_rows.append(Row(name, device, " ".join(args), "FAILED", failure))
+        return
     report_rows.extend(row for row in benchmark_rows(markdown.read_text(encoding="utf-8"), device)
                        if "beam" not in row.check)
 

@@ -1,12 +1,9 @@
 import os
-import sys
 
 import pytest
 import torch
 
-sys.path.insert(0, os.path.dirname(__file__))  # tests' own helpers (reference_attention, ...)
-
-import fairseq_posattn  # noqa: E402,F401  (registers the architectures, applies the shims)
+import fairseq_posattn  # noqa: F401  (registers the architectures, applies the shims)
 
 if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):  # `make test`: the cores shared among the workers
     _threads = max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))

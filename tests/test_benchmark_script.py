@@ -9,14 +9,13 @@ import sys
 import pytest
 
 from fairseq_posattn.modules.position_terms.registry import REGISTRY, variant_flags
+from posattn_benchmark.cli import parse_cli  # scripts/ is on pytest's pythonpath (pyproject.toml)
+from posattn_benchmark.variants import (
+    DECODER_SPEED, POSATTN_LM_ARCH, TARGETS, TARGETS_BY_KIND, VARIANT_TARGETS, VARIANTS_BY_NAME, Target,
+)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(REPO, "scripts", "posattn_benchmark")
-sys.path.insert(0, os.path.dirname(SCRIPT))
-from posattn_benchmark.cli import parse_cli  # noqa: E402
-from posattn_benchmark.variants import (  # noqa: E402
-    DECODER_SPEED, POSATTN_LM_ARCH, TARGETS, TARGETS_BY_KIND, VARIANT_TARGETS, VARIANTS_BY_NAME, Target,
-)
 TINY = ["--steps", "1", "--warmup", "0", "--decode-rounds", "1", "--embed-dim", "16", "--ffn-dim", "32",
         "--heads", "2", "--layers", "1", "--vocab-size", "64", "--max-tokens", "256", "--max-len", "24",
         "--max-positions", "32", "--decode-length", "4", "--lm-batch-size", "1", "--threads", "1"]

@@ -26,14 +26,13 @@ import pytest
 
 from model_helpers import REPO
 
-EVIDENCE = Path(REPO) / "examples" / "evidence"
-sys.path.insert(0, str(EVIDENCE))
-
-import evidence_plan as plan  # noqa: E402
-import paper_claims  # noqa: E402
-from results import (INCONCLUSIVE, MEASURED, NO_EFFECT_REPRODUCED, NOT_REPRODUCED, NOT_RUN,  # noqa: E402
+import evidence_plan as plan  # examples/evidence/ is on pytest's pythonpath (pyproject.toml)
+import paper_claims
+from results import (INCONCLUSIVE, MEASURED, NO_EFFECT_REPRODUCED, NOT_REPRODUCED, NOT_RUN,
                      PTB_VALID_UNIGRAM_PERPLEXITY, REPRODUCED, context_free_note, verdict)
-from results_readers import paired_accuracy_bootstrap, sentence_counts  # noqa: E402
+from results_readers import paired_accuracy_bootstrap, sentence_counts
+
+EVIDENCE = Path(REPO) / "examples" / "evidence"
 
 PTB_SAMPLE = os.path.join(REPO, "data", "ptb_sample")
 EWT_DEV = os.path.join(REPO, "data", "ud_ewt_sample", "en_ewt-ud-dev.sample.conllu")

@@ -48,8 +48,7 @@ def test_without_a_gpu_the_real_run_stops_in_one_line(tmp_path):
 
 
 def test_a_cut_off_correctness_run_has_checked_every_variant_in_bf16_on_its_first_side_first():
-    sys.path.insert(0, f"{REPO}/scripts")
-    import gpu_verify
+    import gpu_verify  # scripts/ is on pytest's pythonpath
 
     configurations = gpu_verify.ordered_configurations(gpu_verify.GPU)
     names = list(dict.fromkeys(name for name, *_ in configurations))

@@ -1,6 +1,8 @@
 """The package's layers: command lines (``cli/``) sit on the library and never the other way round,
 ``structure/`` does not reach into ``data/``, the attention kernel knows kinds of term and no method, and
-every ``posattn-*`` command is a thin ``cli/`` module."""
+every ``posattn-*`` command is a thin ``cli/`` module. The tools (``scripts/``, ``examples/evidence/``) sit on
+the library, which never imports them, and the tests reach them through pytest's ``pythonpath``, never by
+editing ``sys.path``."""
 
 import ast
 import os
@@ -52,6 +54,56 @@ def test_the_kernel_knows_kinds_of_term_and_no_method():
                if module.startswith("fairseq_posattn.modules.position_terms.")
                and not module.startswith("fairseq_posattn.modules.position_terms.base.")]
     assert methods == []
+
+
+#: the folders of the tools: their modules are importable by name in the tests (pyproject.toml's pythonpath)
+TOOL_FOLDERS = ("scripts", os.path.join("examples", "evidence"))
+
+
+def tool_modules() -> set:
+    """The top-level names of the tools' modules and packages (``posattn_tools``, ``gpu_check``, ``records``...)."""
+    names = set()
+    for folder in TOOL_FOLDERS:
+        for name in os.listdir(os.path.join(REPO, folder)):
+            path = os.path.join(REPO, folder, name)
+            if name.endswith(".py"):
+                names.add(name[:-3])
+            elif any(os.path.exists(os.path.join(path, marker)) for marker in ("__init__.py", "__main__.py")):
+                names.add(name)
+    return names
+
+
+def test_the_library_never_imports_the_tools():
+    tools = tool_modules()
+    assert {"posattn_tools", "posattn_benchmark", "gpu_check", "evidence", "results_readers"} <= tools
+    found = []
+    for root, _, files in os.walk(PACKAGE):
+        for name in sorted(f for f in files if f.endswith(".py")):
+            path = os.path.join(root, name)
+            with open(path, encoding="utf-8") as f:
+                tree = ast.parse(f.read(), path)
+            for node in ast.walk(tree):
+                modules = ([alias.name for alias in node.names] if isinstance(node, ast.Import) else
+                           [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module
+                           else [])
+                found += [f"{os.path.relpath(path, REPO)}:{node.lineno} {module}" for module in modules
+                          if module.split(".")[0] in tools]
+    assert found == []
+
+
+def test_no_test_edits_sys_path():
+    """The tests import their helpers and the tools by name: ``[tool.pytest.ini_options] pythonpath``."""
+    edits = []
+    for name in sorted(f for f in os.listdir(os.path.join(REPO, "tests")) if f.endswith(".py")):
+        path = os.path.join(REPO, "tests", name)
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read(), path)
+        for node in ast.walk(tree):
+            target = node.func.value if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) else None
+            if (isinstance(target, ast.Attribute) and target.attr == "path" and isinstance(target.value, ast.Name)
+                    and target.value.id == "sys"):
+                edits.append(f"tests/{name}:{node.lineno} sys.path.{node.func.attr}")
+    assert edits == []
 
 
 def test_every_console_script_is_a_cli_module():

@@ -356,8 +356,7 @@ def test_a_byte_order_mark_is_dropped_with_a_warning(tmp_path, outputs, capsys):
 # -------------------------------------------------------------- item 9: records wherever the clone lies --
 
 def test_records_rewrite_only_the_repository_the_shared_data_and_home():
-    sys.path.insert(0, os.path.join(REPO, "examples", "evidence"))
-    from records import without_machine_paths
+    from records import without_machine_paths  # examples/evidence/ is on pytest's pythonpath
 
     repo, home = Path(REPO), Path.home()
     line = (f"user_dir='{repo}/fairseq_posattn', data={repo.parent}/shared/data/ptb plasma_path='/tmp/plasma' "

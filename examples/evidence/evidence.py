@@ -32,7 +32,6 @@ import datetime
 import fcntl
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -41,9 +40,15 @@ import time
 from pathlib import Path
 from typing import IO, Dict, Iterator, List, Optional, Tuple
 
-from evidence_plan import REPO, TASKS, PlanError, Run, Settings, build_plan, systems_of
-from records import (attempt_logs, is_recorded, load_settings, next_attempt_log, read_record, record_dir,
-                     save_settings, write_record)
+if __name__ == "__main__":  # run as a script: the tools' shared module, scripts/posattn_tools/runs.py, by name
+    sys.path.insert(1, str(Path(__file__).resolve().parents[2] / "scripts"))
+
+from evidence_plan import REPO, TASKS, PlanError, Run, Settings, build_plan, systems_of  # noqa: E402
+from records import (attempt_logs, is_recorded, load_settings, next_attempt_log, read_record,  # noqa: E402
+                     record_dir, save_settings, write_record)
+
+from posattn_tools.runs import (BEGIN_EPOCH, DONE_TRAINING, END_EPOCH, STAMP, TRAIN_INNER, VALID_PPL,  # noqa: E402
+                                read_log, signal_group, start, tool_env)
 
 MANIFEST = "manifest.json"
 POLL_SECONDS = 1.0
@@ -117,9 +122,8 @@ def rotate_train_log(run: Run) -> None:
     if log_path is None or not log_path.exists():
         return
     budget = [text for path, text in run.done_when if path == log_path]
-    with open(log_path, encoding="utf-8", errors="replace") as f:
-        text = f.read()
-    if "done training" in text and all(value in text for value in budget):
+    text = read_log(log_path)
+    if DONE_TRAINING in text and all(value in text for value in budget):
         return  # finished training: the recipe skips it and keeps its log
     log_path.rename(next_attempt_log(log_path))
 
@@ -208,10 +212,7 @@ class Runner:
         output = open(run.out_dir / "recipe.log", "a", encoding="utf-8")
         output.write(f"\n=== attempt {attempt}, {now()}\n{run.shell()}\n")
         output.flush()
-        env = {**os.environ, **run.env}
-        env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
-        process = subprocess.Popen(run.command(), cwd=REPO, env=env, stdout=output, stderr=subprocess.STDOUT,
-                                   stdin=subprocess.DEVNULL, start_new_session=True)
+        process = start(run.command(), output, tool_env(run.env), cwd=REPO, stdin=subprocess.DEVNULL)
         self.running[run.id], self.log_files[run.id], self.started[run.id] = process, output, time.time()
         entry.update(status=RUNNING, pgid=process.pid, pgid_start=process_start(process.pid))
         entry["attempts"].append({"start": now()})  # type: ignore[union-attr]
@@ -253,15 +254,13 @@ class Runner:
 
     def stop_all(self) -> None:
         for process in self.running.values():
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGTERM)
+            signal_group(process, signal.SIGTERM)
         deadline = time.time() + GRACE_SECONDS
         for run_id, process in list(self.running.items()):
             try:
                 process.wait(max(0.1, deadline - time.time()))
             except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(process.pid, signal.SIGKILL)
+                signal_group(process, signal.SIGKILL)
                 process.wait()
             run = next(r for r in self.runs if r.id == run_id)
             self.finish(run, process.returncode, interrupted=True)
@@ -347,13 +346,6 @@ def print_status(settings: Settings, runs: List[Run]) -> None:
 
 
 # ------------------------------------------------------------------------------------ progress
-STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d) \| ")
-BEGIN_EPOCH = re.compile(r"\| begin training epoch (\d+)$")
-END_EPOCH = re.compile(r"\| train \| epoch (\d+) \|")
-INNER = re.compile(r"\| epoch (\d+): +(\d+) / (\d+) .*?\bups=([0-9.]+)")
-VALID_PPL = re.compile(r"\| valid on 'valid' subset \|.*?\| ppl ([0-9.e+-]+|inf|nan) ")
-
-
 @dataclasses.dataclass
 class Progress:
     """A training's progress, from its logs (every attempt's, oldest first)."""
@@ -389,7 +381,7 @@ def training_progress(run: Run) -> Optional[Progress]:
                 line = line.rstrip("\n")
                 stamp = STAMP.match(line)
                 when = datetime.datetime.fromisoformat(stamp[1]) if stamp else None
-                if "done training" in line:
+                if DONE_TRAINING in line:
                     progress.done = True
                 elif (match := BEGIN_EPOCH.search(line)) and when:
                     begun[int(match[1])] = when
@@ -400,7 +392,7 @@ def training_progress(run: Run) -> Optional[Progress]:
                         progress.epoch_seconds[epoch] = (when - begun[epoch]).total_seconds()
                 elif match := VALID_PPL.search(line):
                     progress.valid_ppl = float(match[1])
-                elif (match := INNER.search(line)) and not progress.first_updates:
+                elif (match := TRAIN_INNER.search(line)) and not progress.first_updates:
                     progress.first_updates, progress.updates_per_epoch = int(match[2]), int(match[3])
                     progress.first_ups = float(match[4])
     return progress

@@ -23,12 +23,13 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 from typing import Dict, Iterable, List, Mapping, Optional
 
 from evidence_plan import REPO, Run, Settings
+
+from posattn_tools.runs import capture, read_log
 
 RUN_FILE = "run.json"
 TRAIN_LOG = "train.log"
@@ -120,17 +121,16 @@ def train_log_lines(run: Run) -> List[str]:
     """The training log of every attempt, oldest first."""
     lines: List[str] = []
     for path in attempt_logs(run.train_log):
-        with open(path, encoding="utf-8", errors="replace") as f:
-            lines += f.read().splitlines()
+        lines += read_log(path).splitlines()
     return lines
 
 
 def current_commit() -> str:
     try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
+        completed = capture(["git", "rev-parse", "--short", "HEAD"], cwd=REPO)
+    except OSError:
         return ""
+    return completed.stdout.strip() if completed.returncode == 0 else ""
 
 
 def write_record(run: Run, attempts: Iterable[Mapping[str, object]], root: Optional[Path] = None) -> Path:

@@ -25,20 +25,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-import results_readers as readers
-from evidence_plan import (EXTRAPOLATION_MODES, EXTRAPOLATION_MULTIPLIERS, EXTRAPOLATION_STRIDE,
+if __name__ == "__main__":  # run as a script: the tools' shared module, scripts/posattn_tools/runs.py, by name
+    sys.path.insert(1, str(Path(__file__).resolve().parents[2] / "scripts"))
+
+import results_readers as readers  # noqa: E402
+from evidence_plan import (EXTRAPOLATION_MODES, EXTRAPOLATION_MULTIPLIERS, EXTRAPOLATION_STRIDE,  # noqa: E402
                            EXTRAPOLATION_TRAIN_LENGTH, LSTM_AUTHORS_SYSTEMS, LSTM_SYSTEMS, TASKS, Run, Settings,
                            build_plan, classification_budget, display, extrapolation_budget, extrapolation_family,
                            extrapolation_lengths, extrapolation_recipe, lm_budget, system_labels, systems_of,
                            tagging_budget, translation_budget)
-from paper_claims import NO_EFFECT, Claim, claims_for, extrapolation_metric
-from records import TRAIN_LOG, default_page, read_record, record_dir, records_root
-from records import load_settings as recorded_settings
+from paper_claims import NO_EFFECT, Claim, claims_for, extrapolation_metric  # noqa: E402
+from records import TRAIN_LOG, default_page, read_record, record_dir, records_root  # noqa: E402
+from records import load_settings as recorded_settings  # noqa: E402
 
-from fairseq_posattn.atomic_io import atomic_write
-from fairseq_posattn.cli import setup_logging
-from fairseq_posattn.data.significance import SIGNIFICANCE_LEVEL, TIE
-from fairseq_posattn.inspect.learning_curves import Curve, CurveGroup, draw
+from posattn_tools.runs import training_device  # noqa: E402
+
+from fairseq_posattn.atomic_io import atomic_write  # noqa: E402
+from fairseq_posattn.cli import setup_logging  # noqa: E402
+from fairseq_posattn.data.significance import SIGNIFICANCE_LEVEL, TIE  # noqa: E402
+from fairseq_posattn.inspect.learning_curves import Curve, CurveGroup, draw  # noqa: E402
 
 REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE = "reproduced in direction", "not reproduced", "inconclusive"
 NO_EFFECT_REPRODUCED = "reproduced (no effect)"
@@ -396,7 +401,7 @@ def systems_table(data: TaskData, labels: Dict[str, str]) -> List[str]:
                 cells.append(", ".join(f"s{s}: {fmt(data.value(system, s, metric))}" for s in done) or NOT_RUN)
         walls = [float(data.records[data.run(system, s).id]["seconds"]) for s in done]  # type: ignore
         wall = f"{statistics.mean(walls) / 60:.1f}" if walls else "–"
-        devices = sorted({readers.training_device(record_dir(data.run(system, s)) / TRAIN_LOG)  # type: ignore
+        devices = sorted({training_device(record_dir(data.run(system, s)) / TRAIN_LOG)  # type: ignore
                           for s in done})
         if devices and devices != ["CPU"]:  # runs on a GPU (six side by side): not comparable with the CPU's
             wall += f" ({', '.join(devices)})"

@@ -7,11 +7,11 @@ its learning curve; per pair of runs of one seed the paired bootstrap p-value: s
 tagging accuracy (:func:`paired_accuracy_bootstrap`).
 
 A record's ``train.log`` holds the logs of every attempt of an interrupted and resumed training, oldest
-first (:func:`records.train_log_lines`): a later validation of the same x replaces an earlier one.
+first (:func:`records.train_log_lines`): a later validation of the same x replaces an earlier one. The logs'
+lines are read by :mod:`posattn_tools.runs`, the tools' one reader of fairseq's logs.
 """
 
 import json
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -22,12 +22,12 @@ from evidence_plan import EXTRAPOLATION_TRAIN_LENGTH, recipe_module
 from paper_claims import extrapolation_metric
 from records import TRAIN_LOG
 
+from posattn_tools.runs import VALIDATE_ACCURACY, read_log, train_wall_by_epoch, validations
+
 from fairseq_posattn.data.generate_output import bleu as corpus_bleu
 from fairseq_posattn.data.significance import MetricComparison, paired_bootstrap, read_references, read_system
 from fairseq_posattn.data.tagged_corpus import read_tagged_conllu
-from fairseq_posattn.inspect.learning_curves import read_validations
 
-TRAIN_SUMMARY = re.compile(r"\| train \| epoch (\d+) \|.*?\| train_wall ([0-9.]+)")
 BOOTSTRAP_SEED = 12345  # sacrebleu's default resampling seed, for the tagging bootstrap too
 
 
@@ -35,45 +35,13 @@ LM_TABLE = recipe_module("lm_results_table", "examples/language_model/results_ta
 TAGGING_TABLE = recipe_module("tagging_results_table", "examples/pos_tagging/results_table.py")
 
 
-def validations(log: Path, x: str) -> Dict[float, Dict[str, float]]:
-    """Every 'valid' validation of a recorded training log by ``x`` (``epoch`` or ``num_updates``)."""
-    if not log.exists():
-        return {}
-    found = {stats[x]: stats for stats in read_validations(str(log)) if x in stats}
-    return dict(sorted(found.items()))
-
-
 def curve(log: Path, metric: str, x: str) -> List[Tuple[float, float]]:
     return [(at, stats[metric]) for at, stats in validations(log, x).items() if metric in stats]
 
 
-CUDA_DEVICE = re.compile(r"\| rank +\d+: capabilities = .*?; name = (.+?) *$", re.M)
-
-
-def training_device(log: Path) -> str:
-    """Where a recorded training ran: ``CPU`` (fairseq's configuration has ``'cpu': True``), else the GPU
-    fairseq-train names at its start (``rank 0: ... ; name = NVIDIA H100 80GB HBM3``), ``N x <name>`` for
-    several, ``GPU`` if it names none."""
-    if not log.exists():
-        return "CPU"
-    with open(log, encoding="utf-8", errors="replace") as f:
-        text = f.read()
-    if "'cpu': True" in text:
-        return "CPU"
-    names = CUDA_DEVICE.findall(text)
-    if not names:
-        return "GPU"
-    ranks = len(set(re.findall(r"\| rank +(\d+): capabilities", text)))
-    return f"{ranks} x {names[0]}" if ranks > 1 else names[0]
-
-
 def training_hours_by_epoch(log: Path) -> Dict[int, float]:
     """Cumulative training time (fairseq's train_wall, validation excluded) at the end of each epoch."""
-    per_epoch: Dict[int, float] = {}
-    if log.exists():
-        with open(log, encoding="utf-8", errors="replace") as f:
-            for match in TRAIN_SUMMARY.finditer(f.read()):
-                per_epoch[int(match[1])] = float(match[2])
+    per_epoch = train_wall_by_epoch(log)
     hours, total = {}, 0.0
     for epoch in sorted(per_epoch):
         total += per_epoch[epoch]
@@ -107,13 +75,9 @@ def tagging_metrics(record: Path) -> Dict[str, float]:
     return metrics
 
 
-VALIDATE_ACCURACY = re.compile(r"valid on 'valid' subset \|.*?\| accuracy ([0-9.]+)")
-
-
 def classification_metrics(record: Path) -> Dict[str, float]:
     metrics: Dict[str, float] = {}
-    with open(record / "validate.log", encoding="utf-8", errors="replace") as f:
-        found = VALIDATE_ACCURACY.findall(f.read())
+    found = VALIDATE_ACCURACY.findall(read_log(record / "validate.log"))
     if found:
         metrics["best_accuracy"] = float(found[-1])
     points = curve(record / TRAIN_LOG, "accuracy", "num_updates")

@@ -37,7 +37,8 @@ if [[ "${1:-}" == "--dry-run" ]]; then DRY_RUN=1; shift; fi
 DEST=${1:-}
 POLL=${POLL:-30}
 # the page of the records these runs go to: docs/results.md, or results.md inside EVIDENCE_RECORDS elsewhere
-RESULTS_PAGE=${RESULTS_PAGE:-$(cd "$REPO/examples/evidence" && "$PYTHON" -c 'from records import default_page; print(default_page())')}
+RESULTS_PAGE=${RESULTS_PAGE:-$(cd "$REPO/examples/evidence" && PYTHONPATH="$REPO/scripts${PYTHONPATH:+:$PYTHONPATH}" \
+    "$PYTHON" -c 'from records import default_page; print(default_page())')}  # records reads logs with scripts/posattn_tools
 
 ALL="lstm_lm_authors attentive_lstm_lm_authors positional_attentive_lstm_lm_authors"
 SYSTEMS=${SYSTEMS:-$ALL}

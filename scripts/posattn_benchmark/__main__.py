@@ -3,7 +3,7 @@
 import sys
 from pathlib import Path
 
-if not __package__:  # run as a directory: make the package importable by its name
+if not __package__:  # run as a directory: make the package, and posattn_tools beside it, importable by name
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from posattn_benchmark.cli import main  # noqa: E402

@@ -6,16 +6,16 @@ import argparse
 import json
 import logging
 import os
-import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 from posattn_benchmark.groups import Group
-from posattn_benchmark.paths import PACKAGE_DIR, REPO_ROOT, STRUCTURE_BENCHMARK
+from posattn_benchmark.paths import PACKAGE_DIR, STRUCTURE_BENCHMARK
 from posattn_benchmark.variants import LANGUAGE_MODELING, Variant
 from posattn_benchmark.worker import RESULT_MARKER, WorkerSpec
+from posattn_tools.runs import capture, side_flags
 
 #: environment of the memory workers: glibc mmaps (and so returns at once) every block >= 64 KiB
 MEMORY_WORKER_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536"}
@@ -34,11 +34,9 @@ logger = logging.getLogger("benchmark")
 
 
 def measure(spec: WorkerSpec, env: Dict[str, str]) -> Dict[str, Any]:
-    """Run one worker subprocess with ``env`` added to the environment; raise ``RuntimeError``
-    carrying its stderr if it fails."""
-    command = [sys.executable, str(PACKAGE_DIR), "--worker", spec.to_json()]
-    completed = subprocess.run(command, capture_output=True, text=True, cwd=REPO_ROOT,
-                               env={**os.environ, **env})
+    """Run one worker subprocess (:func:`posattn_tools.runs.capture`) with ``env`` added to the environment;
+    raise ``RuntimeError`` carrying its stderr if it fails."""
+    completed = capture([sys.executable, str(PACKAGE_DIR), "--worker", spec.to_json()], {**os.environ, **env})
     for line in reversed(completed.stdout.splitlines()):
         if completed.returncode == 0 and line.startswith(RESULT_MARKER):
             return json.loads(line[len(RESULT_MARKER):])
@@ -51,7 +49,7 @@ def measure_prepare(conllu: Path) -> Dict[str, Any]:
     BPE text (``fairseq_preprocess``); raise ``RuntimeError`` carrying its stderr if it fails."""
     command = [sys.executable, str(STRUCTURE_BENCHMARK), "--conllu", str(conllu), "--skip-parse", "--json"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    completed = subprocess.run(command, capture_output=True, text=True, cwd=REPO_ROOT, env=env)
+    completed = capture(command, env)
     if completed.returncode != 0 or not completed.stdout.strip():
         raise RuntimeError(completed.stderr.strip() or f"exited with status {completed.returncode}")
     return json.loads(completed.stdout.strip().splitlines()[-1])
@@ -160,10 +158,5 @@ def size_flags(cli: argparse.Namespace, task: str) -> Tuple[str, ...]:
         overrides = {name: IWSLT_SIZES[name] if value is None and name in IWSLT_SIZES else value
                      for name, value in overrides.items()}
         overrides.update({"input-dim": overrides["embed-dim"], "output-dim": overrides["embed-dim"]})
-    flags: List[str] = []
-    for option, value in overrides.items():
-        if value is not None:
-            for side in sides:
-                flags += [f"--{side}-{option}", str(value)]
-    return tuple(flags)
+    return tuple(side_flags(sides, overrides))
 
