@@ -7,7 +7,8 @@ from fairseq.data import Dictionary
 
 from fairseq_posattn.models import building
 from fairseq_posattn.modules.attention import PositionAwareMultiheadAttention
-from fairseq_posattn.modules.position_terms.registry import all_variants, combined_options, variant_flags
+from fairseq_posattn.modules.position_terms.catalogue import all_variants, combined_options, variant_flags
+from fairseq_posattn.modules.position_terms.registry import SIDES
 from reference_attention import randomize_
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -52,12 +53,18 @@ def build_lm(arch: str, extra: List[str]):
 
 #: every method at once, as each declares itself in the all-at-once model (``PositionMethod.combined``)
 COMBINED = combined_options()
-#: every registered method's variants (the registry's), and all methods at once
-SIDE_VARIANTS: Dict[str, Mapping[str, Any]] = {**all_variants(), "combined": COMBINED}
+#: by side, every registered method's variants that the side takes (the registry's), and all of them at once
+SIDE_VARIANTS: Dict[str, Dict[str, Mapping[str, Any]]] = {
+    side: {**all_variants(side), "combined": combined_options(side)} for side in SIDES}
 
 
 def side_flags(side: str, variant: str) -> List[str]:
-    return variant_flags(side, SIDE_VARIANTS[variant])
+    return variant_flags(side, SIDE_VARIANTS[side][variant])
+
+
+def both_sides(variant: str) -> List[str]:
+    """The flags of ``variant`` on each side that takes it (FoX and CoPE: the decoder only)."""
+    return [flag for side in SIDES if variant in SIDE_VARIANTS[side] for flag in side_flags(side, variant)]
 
 
 def randomized(model):

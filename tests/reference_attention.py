@@ -12,8 +12,10 @@ from torch import Tensor
 
 from fairseq_posattn.modules.attention import PositionAwareMultiheadAttention
 from fairseq_posattn.modules.position_terms.alibi import LinearDistanceBias
+from fairseq_posattn.modules.position_terms.contextual import ContextualPositionBias
 from fairseq_posattn.modules.position_terms.direct import DirectAbsolutePositionBias, DirectRelativePositionBias
 from fairseq_posattn.modules.position_terms.fire import FireBias
+from fairseq_posattn.modules.position_terms.forget_gate import ForgetGateBias
 from fairseq_posattn.modules.position_terms.kerple import KerpleBias
 from fairseq_posattn.modules.position_terms.rotary import RotaryEmbedding
 from fairseq_posattn.modules.position_terms.sandwich import SandwichBias
@@ -111,6 +113,53 @@ def _additive(term, h: int, i: int, j: int, causal: bool) -> float:
     return REFERENCE_BIASES[type(term)](term, h, i, j, causal)
 
 
+def _forget_gate(term, x: Tensor, h: int, i: int, j: int) -> float:
+    """FoX (Lin et al. 2025, section 3): the sum of log f_l over l = j+1 .. i, f_l = sigmoid(w_h . x_l + b_h)."""
+    total = 0.0
+    for position in range(j + 1, i + 1):
+        gate_logit = float(term.gate.weight[h] @ x[position]) + float(term.gate.bias[h])
+        total += math.log(1.0 / (1.0 + math.exp(-gate_logit)))
+    return total
+
+
+#: the token-difference terms' biases for head h, query i, key j of the sentence whose layer input is x
+REFERENCE_TOKEN_BIASES: Dict[type, Callable[[Any, Tensor, int, int, int], float]] = {ForgetGateBias: _forget_gate}
+
+
+def _token_bias(term, x: Tensor, h: int, i: int, j: int) -> float:
+    if type(term) not in REFERENCE_TOKEN_BIASES:
+        raise LookupError(f"no independent reference for {type(term).__name__}: add one to REFERENCE_TOKEN_BIASES "
+                          "in tests/reference_attention.py")
+    return REFERENCE_TOKEN_BIASES[type(term)](term, x, h, i, j)
+
+
+def _contextual_row(term, row: Tensor, query: Tensor) -> Tensor:
+    """CoPE (Golovneva et al. 2024, section 3) on one query's row of logits (-inf where it may not look): key j's
+    position p = sum over the visible keys t >= j of sigmoid(logit_t), at most p_max - 1; the logit gets
+    query . e[p], e interpolated between the integer positions around p."""
+    out = row.clone()
+    for j in range(row.numel()):
+        if row[j] == float("-inf"):
+            continue
+        p = sum(1.0 / (1.0 + math.exp(-float(row[t]))) for t in range(j, row.numel()) if row[t] > float("-inf"))
+        p = min(p, term.count_limit - 1)
+        low, high = math.floor(p), math.ceil(p)
+        embedding = (p - low) * term.embeddings[:, high] + (1 - (p - low)) * term.embeddings[:, low]
+        out[j] = row[j] + float(query @ embedding)
+    return out
+
+
+#: the row-dependent terms, given one query's row of logits and its (unscaled) query vector
+REFERENCE_ROW_BIASES: Dict[type, Callable[[Any, Tensor, Tensor], Tensor]] = {ContextualPositionBias: _contextual_row}
+
+
+def _row_bias(term, row: Tensor, query: Tensor) -> Tensor:
+    if type(term) not in REFERENCE_ROW_BIASES:
+        raise LookupError(f"no independent reference for {type(term).__name__}: add one to REFERENCE_ROW_BIASES "
+                          "in tests/reference_attention.py")
+    return REFERENCE_ROW_BIASES[type(term)](term, row, query)
+
+
 def _rotated(vector: Tensor, position: int) -> Tensor:
     """RoPE: turn each pair of dimensions (2k, 2k + 1) by position * 10000^(-2k/d) (Su et al. 2021)."""
     d = vector.numel()
@@ -181,7 +230,11 @@ def reference_attention(
                     e = max(e, 0.0) * _f_distance(w * abs(i - j), vv)
                 for term in attn.additive_terms:
                     e += _additive(term, h, i, j, causal)
+                for term in attn.token_difference_terms:
+                    e += _token_bias(term, x, h, i, j)
                 logits[i, j] = e
+            if attn.row_term is not None:
+                logits[i] = _row_bias(attn.row_term, logits[i], q[i])
         probs = torch.softmax(logits, dim=-1)
         if attn.post_softmax_term is not None:
             probs = _reference_convolution(attn.post_softmax_term, probs, h, causal)

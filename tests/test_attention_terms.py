@@ -6,31 +6,50 @@ import math
 import pytest
 import torch
 
-from fairseq_posattn.models.position_options import SidePositionOptions
+from fairseq_posattn.models.position_options import SidePositionOptions, side_defaults
 from fairseq_posattn.modules.attention import SDPA, PositionAwareMultiheadAttention
 from fairseq_posattn.modules.position_context import PositionContext
 from fairseq_posattn.modules.position_terms.base import SequenceTooLongError, lookup
 from fairseq_posattn.modules.position_terms.direct import circulant_bias
 from fairseq_posattn.modules.position_terms.distance_aware import DistanceAwareScaling
 from fairseq_posattn.modules.position_terms.relative_embeddings import RelativePositionEmbeddings
-from fairseq_posattn.modules.position_terms.registry import all_variants
+from fairseq_posattn.modules.position_terms.catalogue import all_variants
 from model_helpers import COMBINED
 from reference_attention import randomize_, reference_attention, sentence_of
 
 E, H, T_MAX = 8, 2, 9
 
 #: every registered method's variants, and all methods at once (with the 2d or the 1d convolution)
+class AllAtOnce(dict):
+    """Option values of several methods, built on each side with the methods that side takes."""
+
+
 VARIANTS = {
     **all_variants(),
-    "all-at-once": COMBINED,
-    "all-with-conv-1d": dict(COMBINED, conv_attention="1d"),
+    "all-at-once": AllAtOnce(COMBINED),
+    "all-with-conv-1d": AllAtOnce(COMBINED, conv_attention="1d"),
 }
+
+
+def on_side(variant: dict, causal: bool) -> dict:
+    """``variant``'s options that the side takes (causal: a decoder's, else an encoder's). A variant of
+    methods the side does not take (FoX and CoPE are causal only) is skipped, with that reason; the
+    all-at-once variants keep every method the side takes."""
+    if not applies(variant, causal):
+        pytest.skip(f"an encoder takes no {sorted(set(variant) - set(side_defaults('encoder')))} (causal only)")
+    known = side_defaults("decoder" if causal else "encoder")
+    return {name: value for name, value in variant.items() if name in known}
+
+
+def applies(variant: dict, causal: bool) -> bool:
+    """The side takes every method of ``variant`` (an all-at-once variant: always, with the side's methods)."""
+    return isinstance(variant, AllAtOnce) or set(variant) <= set(side_defaults("decoder" if causal else "encoder"))
 
 
 def build_attention(variant: dict, causal: bool, seed: int = 0) -> PositionAwareMultiheadAttention:
     options = SidePositionOptions(
         side="decoder" if causal else "encoder", causal=causal, max_positions=T_MAX,
-        max_positions_option="--max-positions", **variant,
+        max_positions_option="--max-positions", **on_side(variant, causal),
     )
     options.validate()
     attn = PositionAwareMultiheadAttention(E, H, options.build_terms(0, H, E // H)).double()
@@ -130,7 +149,8 @@ def assert_gradients_match_finite_differences(attn: PositionAwareMultiheadAttent
 
 
 def runs_fused(variant: str) -> bool:
-    return build_attention(VARIANTS[variant], causal=False).path(False, torch.device("cpu"), False)[0] == SDPA
+    causal = not applies(VARIANTS[variant], causal=False)
+    return build_attention(VARIANTS[variant], causal).path(False, torch.device("cpu"), False)[0] == SDPA
 
 
 @pytest.mark.parametrize("variant", sorted(filter(runs_fused, VARIANTS)))

@@ -19,7 +19,8 @@ from fairseq_posattn.inspect import plots
 from fairseq_posattn.inspect.capture import Inspection, PositionalTrace, dataset_sample, inspect_model
 from fairseq_posattn.modules.attention import PositionAwareMultiheadAttention
 from fairseq_posattn.modules.position_context import PositionContext
-from fairseq_posattn.modules.position_terms.registry import CURVE, MATRIX, REGISTRY, method_of
+from fairseq_posattn.modules.position_terms.quantities import CURVE, MATRIX
+from fairseq_posattn.modules.position_terms.registry import REGISTRY, method_of
 from model_helpers import REPO, USER_DIR, TinyTask, build_lm, build_model, randomized, side_flags
 
 LINES = 60
@@ -149,8 +150,7 @@ def own_attention(model, net_input: Dict[str, torch.Tensor]) -> Dict[Tuple[str, 
     expected = {}
     with torch.no_grad():
         encoder_out = model.encoder(src, net_input["src_lengths"], return_all_hiddens=True, **structure)
-        clip = model.encoder.position_options.structural_clip
-        ctx = PositionContext.from_tokens(src, model.encoder.padding_idx, False, side_data, clip)
+        ctx = PositionContext.from_tokens(src, model.encoder.padding_idx, False, side_data)
         for layer, module in enumerate(model.encoder.layers):
             expected["encoder", layer] = head_probabilities(
                 module.self_attn, encoder_out["encoder_states"][layer], None, ctx)

@@ -12,12 +12,13 @@ from fairseq_posattn.modules.attention import EXPLICIT, FLEX, SDPA, PositionAwar
     apply_densely
 from fairseq_posattn.modules.position_terms.base import AdditiveLogitBias
 from model_helpers import COMBINED
-from test_attention_terms import E, H, VARIANTS, batch, build_attention, causal_mask, context
+from test_attention_terms import E, H, VARIANTS, AllAtOnce, applies, batch, build_attention, causal_mask, context
 
 #: every variant whose terms all have a score_mod form, and all of them at once (keys-only Shaw)
-FUSABLE = {name: values for name, values in VARIANTS.items() if build_attention(values, False).fusable()}
-FUSABLE["all-fusable-at-once"] = dict(
-    {k: v for k, v in COMBINED.items() if k != "conv_attention"}, relative_positions_keys_only=True)
+FUSABLE = {name: values for name, values in VARIANTS.items()
+           if build_attention(values, causal=not applies(values, False)).fusable()}
+FUSABLE["all-fusable-at-once"] = AllAtOnce(  # without the terms that need the matrix
+    {k: v for k, v in COMBINED.items() if k not in ("conv_attention", "cope")}, relative_positions_keys_only=True)
 CASES = [(False, "left"), (False, "right"), (True, "right"), (True, "decoding")]
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
 
@@ -48,8 +49,9 @@ def case_inputs(attn, causal: bool, padding: str, dtype: torch.dtype):
 def test_score_mod_equals_explicit_logits_and_their_gradients(variant, causal, padding, dtype):
     attn = build_attention(FUSABLE[variant], causal).to(dtype)
     x, q, k, ctx, attn_mask = case_inputs(attn, causal, padding, dtype)
-    explicit = attn.explicit_logits(q, k, ctx, attn_mask)
-    dense = apply_densely(attn.score_mod(ctx, q, k.size(2)), torch.matmul(q, k.transpose(-1, -2)))
+    values = attn.token_values(x, ctx)
+    explicit = attn.explicit_logits(q, k, ctx, attn_mask, values)
+    dense = apply_densely(attn.score_mod(ctx, q, k.size(2), values), torch.matmul(q, k.transpose(-1, -2)))
     seen = torch.isfinite(explicit)
     assert seen.any() and torch.isfinite(dense).all()
     tolerance = dict(rtol=0, atol=0) if dtype == torch.float64 else dict(rtol=1e-6, atol=1e-6)
@@ -92,7 +94,8 @@ def test_flex_attention_equals_the_explicit_path_on_the_cpu(variant, causal, pad
     if not used:  # ALiBi
         return
     grads = []
-    for out in (attn._attend_flex(q, k, v, ctx), attn._attend_explicitly(q, k, v, ctx, call["attn_mask"], None)[0]):
+    for out in (attn._attend_flex(q, k, v, ctx, attn.token_values(x, ctx)),
+                attn._attend_explicitly(q, k, v, ctx, call["attn_mask"], None, attn.token_values(x, ctx))[0]):
         grads.append(torch.autograd.grad(out.masked_fill(~real, 0).square().sum(), used))
     for got, expected in zip(*grads):
         torch.testing.assert_close(got, expected, rtol=1e-9, atol=1e-9)

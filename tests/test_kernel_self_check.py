@@ -17,10 +17,11 @@ from fairseq_posattn.modules import attention, kernel_self_check
 from fairseq_posattn.modules.attention import FLEX, SDPA
 from fairseq_posattn.modules.kernel_self_check import FusedKernelMismatch, compare_paths, forget_verdicts
 from fairseq_posattn.modules.position_context import PositionContext, binary_tree_side_data
+from fairseq_posattn.modules.position_terms.structural import PARSE
 from cli_helpers import error_line, preprocess_in_process
 from faulty_kernels import nan_gradient_sdpa, shifted_flex, uncompilable_flex
 from model_helpers import REPO, USER_DIR
-from test_attention_terms import VARIANTS, batch, build_attention, causal_mask, context
+from test_attention_terms import VARIANTS, applies, batch, build_attention, causal_mask, context
 from test_kernel_paths import FUSABLE
 
 CPU = torch.device("cpu")
@@ -58,11 +59,12 @@ def test_the_tree_of_the_check_batch_nests_as_its_heap_order_says():
 
 @pytest.mark.parametrize("right_padded,causal", [(False, False), (True, False), (True, True)])
 def test_the_check_batch_is_padded_as_the_side_pads(right_padded, causal):
-    ctx = PositionContext.example((9, 4), right_padded, causal, structural=True, device=CPU)
+    ctx = PositionContext.example((9, 4), right_padded, causal, parsed=True, device=CPU)
     assert ctx.padding_mask.sum(dim=1).tolist() == [0, 5]
     assert bool(ctx.padding_mask[1, 0]) == (not right_padded)
     assert ctx.causal == causal and (ctx.positions is None) == right_padded
-    assert ctx.structural_relative.abs().max() == 1  # clipped to 1: within every clip's table
+    assert sorted(ctx.side_data) == sorted(PARSE)
+    assert not PositionContext.example((9, 4), right_padded, causal, parsed=False, device=CPU).side_data
 
 
 @pytest.mark.parametrize("variant", sorted(FUSABLE))
@@ -71,7 +73,7 @@ def test_every_flex_form_passes_the_check_on_the_cpu(variant, causal):
     """flex_attention's CPU implementation (forward; torch has no CPU backward) at the check's lengths,
     padded to its block, against the explicit path."""
     attn = build_attention(FUSABLE[variant], causal)
-    ctx = PositionContext.example((9, 6), right_padded=causal, causal=causal, structural=False, device=CPU)
+    ctx = PositionContext.example((9, 6), right_padded=causal, causal=causal, parsed=False, device=CPU)
     comparison = compare_paths(attn, FLEX, ctx, torch.float64, gradients=False)
     assert comparison.agrees and comparison.largest[1] < 1e-12, comparison
 
@@ -80,7 +82,7 @@ def test_every_flex_form_passes_the_check_on_the_cpu(variant, causal):
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
 def test_every_sdpa_form_passes_the_check_with_its_gradients(variant, dtype):
     attn = build_attention(SDPA_VARIANTS[variant], causal=True).to(dtype).train()
-    ctx = PositionContext.example((9, 6), True, True, structural=False, device=CPU)
+    ctx = PositionContext.example((9, 6), True, True, parsed=False, device=CPU)
     comparison = compare_paths(attn, SDPA, ctx, dtype, gradients=True)
     learned = {name for name in comparison.errors if name.startswith("grad ") and "." in name}
     assert learned == {f"grad {name}" for name, _ in attn.learned_position_parameters()}
@@ -206,7 +208,7 @@ def test_every_learned_tensor_a_score_mod_captures_is_a_table_in_fp32(variant):
     """A 0-dim learned scalar captured in a score_mod fails to lower on CUDA (pytorch#145208), and flex's
     backward adds a captured tensor's gradient atomically in its dtype (bf16 lost T5's on an H200): every
     learned tensor a score_mod of a bf16 layer reads has a dimension (heads, a table) and is fp32."""
-    attn = build_attention(FUSABLE[variant], causal=False).to(torch.bfloat16)
+    attn = build_attention(FUSABLE[variant], causal=not applies(FUSABLE[variant], False)).to(torch.bfloat16)
     for term in attn.score_terms():
         for module in term.side_modules():  # a side's own (the model converts them with the side)
             module.to(torch.bfloat16)
@@ -214,7 +216,7 @@ def test_every_learned_tensor_a_score_mod_captures_is_a_table_in_fp32(variant):
     x = x.to(torch.bfloat16)
     ctx = context(mask, x)
     q, k, _ = attn._project(x)
-    tensors = captured_tensors(attn.score_mod(ctx, q, k.size(2)))
+    tensors = captured_tensors(attn.score_mod(ctx, q, k.size(2), attn.token_values(x, ctx)))
     assert tensors or not attn.score_terms()  # RoPE and the temperature change q and k only
     learned = [t for t in tensors if t.requires_grad]
     assert all(t.dim() > 0 and t.dtype == torch.float32 for t in learned), [(t.shape, t.dtype) for t in learned]

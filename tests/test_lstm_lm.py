@@ -15,12 +15,10 @@ import pytest
 import torch
 from torch import Tensor
 
-from fairseq_posattn.models.attentive_lstm_lm import (
-    SUBNORMAL_GUARD,
-    AttentiveLSTMDecoder,
-    PositionalAttention,
-    SaltonAttention,
-)
+from fairseq_posattn.models.attentive_lstm.decoder import AttentiveLSTMDecoder
+from fairseq_posattn.models.attentive_lstm.numerics import SUBNORMAL_GUARD
+from fairseq_posattn.models.attentive_lstm.positional_attention import PositionalAttention
+from fairseq_posattn.models.attentive_lstm.salton_attention import SaltonAttention
 from cli_helpers import run
 from model_helpers import REPO, USER_DIR, TinyTask, build_model
 

@@ -10,13 +10,16 @@ import math
 import os
 import re
 import subprocess
-import sys
 from typing import Dict, List
 
 import pytest
 import torch
 
-from fairseq_posattn.models.attentive_lstm_lm import GAUSSIAN_EPS, LEGACY_GAUSSIAN_EPS, PositionalAttention
+from fairseq_posattn.models.attentive_lstm.positional_attention import (
+    GAUSSIAN_EPS,
+    LEGACY_GAUSSIAN_EPS,
+    PositionalAttention,
+)
 from cli_helpers import BIN, run
 from model_helpers import REPO, USER_DIR, TinyTask, build_model
 
@@ -205,7 +208,7 @@ def test_untied_output_layer_and_unknown_init():
                         task=TinyTask(200), tiny=[])
     fc_out = model.decoder.fc_out
     assert 0.099 < float(fc_out.weight.abs().max()) <= 0.1 and not fc_out.bias.any()
-    from fairseq_posattn.models.attentive_lstm_lm import AttentiveLSTMDecoder
+    from fairseq_posattn.models.attentive_lstm.decoder import AttentiveLSTMDecoder
 
     with pytest.raises(ValueError, match="--attentive-lm-init"):
         AttentiveLSTMDecoder(TinyTask().target_dictionary, embed_dim=8, hidden_size=8, out_embed_dim=8,
@@ -357,8 +360,7 @@ def test_the_evidence_plan_keeps_the_recorded_lstm_settings(tmp_path):
     recorded with (no weight decay, per-token gradient, U(+-0.1), eps 1e-6, lr patience 5), so that running their
     command again trains the same models; its runs at the authors' budget halve the lr as the authors' runs did
     (Salton's after 6 epochs)."""
-    sys.path.insert(0, os.path.join(REPO, "examples", "evidence"))
-    import evidence_plan as plan
+    import evidence_plan as plan  # examples/evidence/ is on pytest's pythonpath
 
     settings = plan.Settings.from_env({"EVIDENCE_OUT": str(tmp_path), "TASKS": "lm", "LM_SEEDS": "1",
                                        "PTB_DIR": str(tmp_path / "ptb")})

@@ -22,7 +22,7 @@ from fairseq.data import monolingual_dataset
 from torch import Tensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from fairseq_posattn.models.attentive_lstm_lm import SavedOnCPU
+from fairseq_posattn.models.attentive_lstm.numerics import SavedOnCPU
 from model_helpers import TinyTask, build_model
 
 BLOCK = 16

@@ -1,6 +1,6 @@
-"""The length-extrapolation baselines (KERPLE, Sandwich, FIRE, xPos): a few of their numbers by hand, the
-regimes their registered variants do not reach in the shared test families (FIRE past its threshold, xPos with
-a short scale base) against the loop-by-loop references, and their start-up refusals."""
+"""The later methods (KERPLE, Sandwich, FIRE, xPos, FoX, CoPE): a few of their numbers by hand, the regimes
+their registered variants do not reach in the shared test families (FIRE past its threshold, xPos with a short
+scale base, CoPE's counts clipped) against the loop-by-loop references, and their start-up refusals."""
 
 import math
 from typing import Dict
@@ -11,7 +11,9 @@ import torch
 from fairseq_posattn.models.position_options import PositionOptionError, SidePositionOptions
 from fairseq_posattn.modules.attention import apply_densely
 from fairseq_posattn.modules.position_context import PositionContext
+from fairseq_posattn.modules.position_terms.contextual import ContextualPositionBias
 from fairseq_posattn.modules.position_terms.fire import FireBias
+from fairseq_posattn.modules.position_terms.forget_gate import ForgetGateBias
 from fairseq_posattn.modules.position_terms.kerple import KerpleBias, KerpleParameters
 from fairseq_posattn.modules.position_terms.sandwich import SandwichBias
 from fairseq_posattn.modules.position_terms.xpos import XPosEmbedding
@@ -19,10 +21,10 @@ from model_helpers import build_lm, build_model, randomized
 from test_attention_terms import (assert_gradients_match_finite_differences, assert_matches_reference, batch,
                                   build_attention, causal_mask, context)
 
-#: FIRE past its threshold (L = |m| 2, m random: most queries of a 7-token sentence are past it) and xPos with
-#: a scale base of 4 (a decay of zeta^(d/4): strong within a sentence)
+#: FIRE past its threshold (L = |m| 2, m random: most queries of a 7-token sentence are past it), xPos with
+#: a scale base of 4 (a decay of zeta^(d/4): strong within a sentence) and CoPE counting at most 2 positions
 SHORT_REGIMES = {"fire-threshold-2": {"fire": True, "fire_threshold": 2, "fire_hidden": 5},
-                 "xpos-base-4": {"xpos": True, "xpos_scale_base": 4}}
+                 "xpos-base-4": {"xpos": True, "xpos_scale_base": 4}, "cope-3": {"cope": 3}}
 
 
 def unpadded(length: int) -> PositionContext:
@@ -120,8 +122,8 @@ def test_fire_past_its_threshold_score_mod_equals_explicit_logits_and_gradients(
     ctx = context(mask, x, causal)
     q, k, _ = attn._project(x)
     attn_mask = causal_mask(x.size(0)) if causal else None
-    explicit = attn.explicit_logits(q, k, ctx, attn_mask)
-    dense = apply_densely(attn.score_mod(ctx, q, k.size(2)), torch.matmul(q, k.transpose(-1, -2)))
+    explicit = attn.explicit_logits(q, k, ctx, attn_mask, [])
+    dense = apply_densely(attn.score_mod(ctx, q, k.size(2), []), torch.matmul(q, k.transpose(-1, -2)))
     seen = torch.isfinite(explicit)
     torch.testing.assert_close(dense[seen], explicit[seen], rtol=0, atol=0)
     inputs = [x, *attn.parameters()]
@@ -209,3 +211,47 @@ def _kerple_bias_with(term: KerpleBias, r1: torch.Tensor, r2: torch.Tensor, ctx:
     del parameters.r1, parameters.r2
     parameters.r1, parameters.r2 = r1, r2
     return KerpleBias(parameters)(ctx, ctx.length, ctx.length)
+
+
+# ------------------------------------------------------------------------------------- FoX and CoPE
+def test_forget_gates_at_their_initial_bias_forget_half_per_token():
+    """With zero gate weights every gate is sigmoid(0) = 1/2: the bias of key j for query i is -(i - j) log 2,
+    a pad's gate is 1 (no change), and a decoding step continues the sums of the cached tokens."""
+    term = ForgetGateBias(embed_dim=4, num_heads=2).double()
+    torch.nn.init.zeros_(term.gate.weight)
+    x = torch.randn(6, 1, 4, dtype=torch.double)
+    values = term.token_values(x, unpadded(6), None)
+    bias = term.bias_of(values, 6)[0, 1]
+    for i, j in ((5, 2), (3, 3), (4, 0)):
+        assert bias[i, j].item() == pytest.approx(-(i - j) * math.log(2), rel=1e-12)
+    padded = PositionContext.from_padding(torch.tensor([[True, True, False, False, False, False]]), right_padded=False)
+    assert term.token_values(x, padded, None)[0, 0, :2].tolist() == [0.0, 0.0]
+    step = term.token_values(x[5:], unpadded(6), values[..., :5])
+    torch.testing.assert_close(step, values, rtol=0, atol=1e-12)
+
+
+def test_contextual_positions_count_the_gates_from_the_key_to_the_query():
+    """p_ij sums sigmoid of the row's logits from key j to the query; a masked key counts 0; a count past
+    p_max - 1 reads the last embedding; a fractional count interpolates between its neighbours."""
+    term = ContextualPositionBias(head_dim=1, count_limit=3).double()
+    with torch.no_grad():
+        term.embeddings.copy_(torch.tensor([[10.0, 20.0, 40.0]], dtype=torch.double))
+    logits = torch.tensor([[[[0.0, 0.0, float("-inf")]]]], dtype=torch.double)  # 2 visible keys, gates 1/2
+    q = torch.ones(1, 1, 1, 1, dtype=torch.double)  # the kernel's scaled query; unscaled, d_h = 1: the same
+    bias = term(logits, q, unpadded(3))[0, 0, 0]
+    assert bias[:2].tolist() == pytest.approx([20.0, 15.0])  # p = 1 and p = 1/2 (halfway between e[0] and e[1])
+    far = term(torch.full((1, 1, 1, 8), 30.0, dtype=torch.double), q, unpadded(8))[0, 0, 0]
+    assert far[0].item() == 40.0  # 8 gates of ~1: clipped at p_max - 1 = 2
+
+
+def test_flex_kernel_is_refused_for_contextual_positions():
+    options = SidePositionOptions("decoder", True, 16, "--max-target-positions", attention_kernel="flex", cope=8)
+    options.validate()
+    with pytest.raises(PositionOptionError, match="--decoder-attention-kernel flex: CoPE"):
+        options.build_terms(0, 2, 4)
+
+
+@pytest.mark.parametrize("flags", [["--encoder-forget-gate"], ["--encoder-cope", "8"]])
+def test_the_causal_only_methods_have_no_encoder_option(flags):
+    with pytest.raises(SystemExit):
+        build_model("transformer_posattn", flags)

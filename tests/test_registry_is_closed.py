@@ -37,7 +37,7 @@ def package_with_toy(root: Path) -> Path:
     shutil.copy(TOY, copy / "modules" / "position_terms" / TOY.name)
     init = copy / "modules" / "position_terms" / "__init__.py"
     text = init.read_text()
-    init.write_text(text.replace("    xpos,\n)", "    xpos,\n    toy_neighbour_method,\n)"))
+    init.write_text(text.replace("    contextual,\n)", "    contextual,\n    toy_neighbour_method,\n)"))
     assert init.read_text() != text, "the import list of position_terms/__init__.py changed: update this test"
     return root
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from fairseq_posattn.models.position_aware_transformer import SharedCopiesDifferError
+from fairseq_posattn.models.position_side import SharedCopiesDifferError
 from fairseq_posattn.models.position_options import SidePositionOptions
 from fairseq_posattn.modules.attention import AttentionWeights, PositionAwareMultiheadAttention
 from fairseq_posattn.modules.position_terms.t5_bias import T5RelativeBias

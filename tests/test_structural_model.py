@@ -11,7 +11,7 @@ import torch
 from fairseq.modules import SinusoidalPositionalEmbedding
 
 from fairseq_posattn.models.position_options import PositionOptionError
-from fairseq_posattn.modules.position_context import structural_relative
+from fairseq_posattn.modules.position_terms.structural import structural_relative
 from fairseq_posattn.modules.position_terms.structural import StructuralRelativeEmbeddings
 from fairseq_posattn.modules.structural_embedding import StructuralPositionalEmbedding
 from fairseq_posattn.structure import structural_relative_positions, tree_depths

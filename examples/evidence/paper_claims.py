@@ -32,12 +32,17 @@ FIRE = ("Li et al. 2023 (FIRE), its length-generalisation experiments (perplexit
         "against ALiBi)")
 XPOS = ("Sun et al. 2022 (xPos, LEX Transformer), its extrapolation experiments (perplexity past the training "
         "length, against RoPE)")
+FOX = ("Lin et al. 2025 (Forgetting Transformer), its length-extrapolation experiments (loss past the training "
+       "context length, against the Transformer with RoPE and without position embeddings)")
 #: the later methods' own claims, each against the baseline its paper beats past the training length:
 #: (system, reference, source, the paper's words)
 LATER_CLAIMS = (
     ("kerple-log", "alibi", KERPLE, "KERPLE's logarithmic kernel extrapolates better than ALiBi"),
     ("fire", "alibi", FIRE, "FIRE's learned bias generalises to longer inputs better than ALiBi"),
     ("xpos", "rotary", XPOS, "xPos extrapolates where RoPE's perplexity rises past the training length"),
+    ("forget-gate", "rotary", FOX, "FoX's loss stays flat past the training length where RoPE's rises"),
+    ("forget-gate", "none", FOX, "the forget gate extrapolates where the transformer without position embeddings "
+     "does not"),
 )
 
 

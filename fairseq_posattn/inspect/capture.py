@@ -32,12 +32,13 @@ from fairseq.modules import MultiheadAttention
 from fairseq.sequence_generator import SequenceGenerator
 from torch import Tensor, nn
 
-from fairseq_posattn.models.attentive_lstm_lm import PositionalAttention
+from fairseq_posattn.models.attentive_lstm.positional_attention import PositionalAttention
 from fairseq_posattn.models.position_options import side_defaults
 from fairseq_posattn.modules.attention import PositionAwareMultiheadAttention
-from fairseq_posattn.modules.position_context import structural_relative
 from fairseq_posattn.modules.position_terms.base import PostSoftmaxTransform
-from fairseq_posattn.modules.position_terms.registry import MATRIX, REGISTRY, Quantity, method_of
+from fairseq_posattn.modules.position_terms.quantities import MATRIX, Quantity
+from fairseq_posattn.modules.position_terms.registry import REGISTRY, method_of
+from fairseq_posattn.modules.position_terms.structural import structural_relative
 
 #: kinds that every model may have, whatever its position methods: (before them, after them)
 GENERIC_KINDS = (("attention",), ("structure", "lstm"))
@@ -294,7 +295,7 @@ def row_0(weights: Tensor) -> Tensor:
 class PositionalRecorder:
     """mu, sigma and the Gaussian weights of the positional attentive LSTM LM (a context manager).
 
-    What it needs from the model (``fairseq_posattn.models.attentive_lstm_lm``): the decoder's
+    What it needs from the model (``fairseq_posattn.models.attentive_lstm``): the decoder's
     ``attention`` is a :class:`PositionalAttention` whose ``forward(h, memory, offset, normalizer,
     prev_mu, generator_state)`` returns ``(context, weights, mu, generator_state)`` and whose
     ``generate(h, state)`` returns ``(mu_weights, sigma, state)``. A forward hook takes ``weights``
@@ -323,13 +324,6 @@ class PositionalRecorder:
 
 
 # ------------------------------------------------------------------------------------ parameters
-def kernel_terms(module: PositionAwareMultiheadAttention) -> List[nn.Module]:
-    """The position terms of one of our attention modules, of every kind."""
-    single = [module.scaling_term, module.post_softmax_term, module.projection_term]
-    return [*module.query_key_terms, *module.additive_terms, *module.key_value_terms,
-            *(term for term in single if term is not None)]
-
-
 def before_after(term: nn.Module, maps: Sequence[AttentionMap], side: str, layer: int,
                  tokens: List[str]) -> List[Quantity]:
     """For a post-softmax transform: the softmax S before it and the attention after it, per head
@@ -359,7 +353,7 @@ def all_term_quantities(model: nn.Module, maps: Sequence[AttentionMap], tokens: 
         if not isinstance(module, PositionAwareMultiheadAttention):
             continue
         n = positions or len(tokens[side])
-        for term in (t for t in kernel_terms(module) if shown_key(t) not in seen):
+        for term in (t for t in module.all_terms() if shown_key(t) not in seen):
             seen.add(shown_key(term))
             quantities = term.inspect(n) + before_after(term, maps, side, layer, tokens[side])
             if quantities:

@@ -37,8 +37,8 @@ from matplotlib.axis import Axis  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
 from fairseq_posattn.inspect.capture import AttentionMap, Inspection, TermQuantities  # noqa: E402
-from fairseq_posattn.modules.position_terms.registry import (  # noqa: E402
-    BARS, CURVE, MATRIX, REGISTRY, TABLE, Quantity)
+from fairseq_posattn.modules.position_terms.quantities import BARS, CURVE, MATRIX, TABLE, Quantity  # noqa: E402
+from fairseq_posattn.modules.position_terms.registry import REGISTRY  # noqa: E402
 
 FONT_SIZE = 8
 MAX_TICKS = 40

@@ -1,5 +1,5 @@
 from fairseq_posattn.models import (  # noqa: F401
-    attentive_lstm_lm,
+    attentive_lstm,
     san_tagger,
     transformer_classifier_posattn,
     transformer_lm_posattn,

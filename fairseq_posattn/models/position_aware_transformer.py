@@ -6,110 +6,27 @@ loop over them: the embedding and layer steps are fairseq's, and the batch's
 :class:`~fairseq_posattn.modules.position_context.PositionContext` is built once and passed to
 every layer call as an argument (never stored on a module), so activation checkpointing, FSDP and
 ``torch.compile`` see it on every (re-)entry.
-
-**A side owns what its layers share.** A module that the terms of several layers read (T5's table,
-``LayerSpec.shared``) is registered once, on the side, in ``position_shared``
-(:func:`register_shared`), and the terms read it without registering it: the state dict holds it
-once, as ``{side}.position_shared.{name}``. Weights saved when every layer registered it are
-upgraded when they load (:func:`upgrade_shared`).
+What a side does with its position options (the length check, the context, the record, the shared modules,
+the layer wrapping) is :class:`~fairseq_posattn.models.position_side.PositionSide`'s.
 """
 
 from typing import Any, Dict, List, Optional
 
 import torch
-from fairseq.distributed import fsdp_wrap
 from fairseq.models.transformer import TransformerDecoderBase, TransformerEncoderBase
-from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 from torch import Tensor, nn
 
 from fairseq_posattn.models.position_options import PositionOptionError, SidePositionOptions
-from fairseq_posattn.models.position_record import PositionOptionsRecord
-from fairseq_posattn.modules.position_context import PositionContext, SequenceTables
-from fairseq_posattn.modules.position_terms.base import PositionTerm
-from fairseq_posattn.modules.position_terms.structural import embeds_tree_depth, relates_tree_positions
+from fairseq_posattn.models.position_side import PositionSide
+from fairseq_posattn.modules.position_context import SequenceTables
+from fairseq_posattn.modules.position_terms.structural import PARSE, embeds_tree_depth
 from fairseq_posattn.modules.structural_embedding import StructuralPositionalEmbedding
 from fairseq_posattn.modules.transformer_layer import (
     PositionAwareDecoderLayer,
     PositionAwareEncoderLayer,
 )
-from fairseq_posattn.user_errors import UserError
 
 IncrementalState = Dict[str, Dict[str, Optional[Tensor]]]
-
-
-def add_layer_wrapping_args(parser: Any) -> None:
-    """fairseq's transformer options for checkpointing and FSDP-wrapping layers, for the models that
-    build their own layer stacks (the tagger, the classifier)."""
-    parser.add_argument("--checkpoint-activations", action="store_true",
-                        help="checkpoint each layer's activations (recomputed in the backward pass)")
-    parser.add_argument("--offload-activations", action="store_true",
-                        help="checkpoint each layer's activations and keep its inputs on the CPU (sets "
-                        "--checkpoint-activations)")
-    parser.add_argument("--min-params-to-wrap", type=int, metavar="N",
-                        help="with --ddp-backend fully_sharded: wrap layers of at least N parameters")
-
-
-def set_layer_wrapping_defaults(args: Any) -> None:
-    """fairseq's defaults of :func:`add_layer_wrapping_args`' options, where unset, and its rule that
-    ``--offload-activations`` sets ``--checkpoint-activations`` (as fairseq's ``transformer`` and
-    ``transformer_lm`` architectures do)."""
-    for name, default in (("checkpoint_activations", False), ("offload_activations", False),
-                          ("min_params_to_wrap", int(1e8))):
-        if getattr(args, name, None) is None:
-            setattr(args, name, default)
-    if args.offload_activations:
-        args.checkpoint_activations = True
-
-
-def wrap_layer(layer: nn.Module, cfg: Any) -> nn.Module:
-    """Activation checkpointing and FSDP wrapping exactly as fairseq's ``build_*_layer`` do."""
-    checkpoint = cfg.checkpoint_activations
-    if checkpoint:
-        layer = checkpoint_wrapper(layer, offload_to_cpu=cfg.offload_activations)
-    min_params_to_wrap = cfg.min_params_to_wrap if not checkpoint else 0
-    return fsdp_wrap(layer, min_num_params=min_params_to_wrap)
-
-
-def register_shared(side: nn.Module, options: SidePositionOptions) -> None:
-    """Register, once, on ``side`` the modules that its layers' terms share (``options.shared``, filled
-    while the layers were built), as ``side.position_shared``."""
-    side.position_shared = nn.ModuleDict(options.shared)
-
-
-class SharedCopiesDifferError(UserError, ValueError):
-    """Weights from before the side owned a shared module, whose layers hold different copies of it."""
-
-
-def upgrade_shared(side: nn.Module, state_dict: Dict[str, Tensor], name: str) -> None:
-    """Weights saved when every layer registered the side's shared modules (e.g. T5's table under
-    ``layers.{i}.self_attn.additive_terms.{j}.table``): keep the first layer's copy, under
-    ``{name}.position_shared``, after checking that every layer's copy equals it, and drop the others.
-    Each term that reads a side-wide module names its earlier keys (``legacy_keys()``)."""
-    prefix = f"{name}." if name else ""
-    for key, copies in legacy_copies(side, prefix).items():
-        found = [copy for copy in copies if copy in state_dict]
-        if not found:
-            continue
-        first = state_dict[found[0]]
-        for copy in found[1:]:
-            if not torch.equal(state_dict[copy], first):
-                raise SharedCopiesDifferError(
-                    f"the checkpoint's {copy} differs from {found[0]}: these weights were not saved from "
-                    f"one table shared by the layers, so they cannot become the side's {key}")
-        state_dict[key] = first
-        for copy in found:
-            del state_dict[copy]
-
-
-def legacy_copies(side: nn.Module, prefix: str) -> Dict[str, List[str]]:
-    """Each shared module's key -> the keys its layers' copies had, in layer order (from the terms
-    that read a shared module, by their ``legacy_keys()``)."""
-    copies: Dict[str, List[str]] = {}
-    for path, term in side.named_modules():
-        if isinstance(term, PositionTerm):
-            for old, new in term.legacy_keys().items():
-                copies.setdefault(f"{prefix}position_shared.{new}", []).append(f"{prefix}{path}.{old}")
-    return copies
 
 
 class PositionAwareTransformerEncoder(TransformerEncoderBase):
@@ -119,10 +36,10 @@ class PositionAwareTransformerEncoder(TransformerEncoderBase):
     def __init__(self, cfg: Any, dictionary: Any, embed_tokens: nn.Embedding,
                  position_options: SidePositionOptions, return_fc: bool = False):
         self.position_options = position_options
+        self.position_side = PositionSide(position_options, right_padded=False, causal=False)
         self._layers_built = 0
         super().__init__(cfg, dictionary, embed_tokens, return_fc=return_fc)
-        self.position_record = PositionOptionsRecord.of_side(position_options)
-        register_shared(self, position_options)
+        self.position_side.attach(self)
         self.structural_embedding: Optional[StructuralPositionalEmbedding] = None
         if embeds_tree_depth(position_options):
             if position_options.structural_fusion == "nonlinear" and self.embed_positions is None:
@@ -137,7 +54,7 @@ class PositionAwareTransformerEncoder(TransformerEncoderBase):
 
     def upgrade_state_dict_named(self, state_dict: Dict[str, Tensor], name: str) -> Dict[str, Tensor]:
         """fairseq's upgrades, and weights from before the side owned its shared modules."""
-        upgrade_shared(self, state_dict, name)
+        self.position_side.upgrade(self, state_dict, name)
         return super().upgrade_state_dict_named(state_dict, name)
 
     def build_encoder_layer(self, cfg: Any) -> nn.Module:
@@ -146,7 +63,7 @@ class PositionAwareTransformerEncoder(TransformerEncoderBase):
         layer = PositionAwareEncoderLayer(cfg, self.position_options, self._layers_built,
                                           return_fc=self.return_fc)
         self._layers_built += 1
-        return wrap_layer(layer, cfg)
+        return self.position_side.wrap(layer, cfg)
 
     def forward(self, src_tokens: Tensor, src_lengths: Optional[Tensor] = None,
                 return_all_hiddens: bool = False, token_embeddings: Optional[Tensor] = None,
@@ -155,13 +72,9 @@ class PositionAwareTransformerEncoder(TransformerEncoderBase):
         token's tree depth, ``tin`` and ``tout`` (collated by ``--task translation_structural``)."""
         if not self.position_options.needs_context():
             return self.forward_scriptable(src_tokens, src_lengths, return_all_hiddens, token_embeddings)
-        options = self.position_options
-        options.check_length(src_tokens.size(1))
-        ctx = PositionContext.from_tokens(
-            src_tokens, self.padding_idx, right_padded=False,
-            structural=self._structural_side_data(src_tokens, src_structure),
-            structural_clip=options.structural_clip if relates_tree_positions(options) else None)
-        x, embedding = self.embed_with_structure(src_tokens, token_embeddings, ctx.depth)
+        ctx = self.position_side.context(src_tokens, self.padding_idx,
+                                         side_data=self._structural_side_data(src_tokens, src_structure))
+        x, embedding = self.embed_with_structure(src_tokens, token_embeddings, ctx.side_data.get("depth"))
         x = x.masked_fill(ctx.padding_mask.unsqueeze(-1), 0.0).transpose(0, 1)
         states: List[Tensor] = [x] if return_all_hiddens else []
         fc_results: List[Optional[Tensor]] = []
@@ -192,8 +105,7 @@ class PositionAwareTransformerEncoder(TransformerEncoderBase):
                 f"structural side data of shape {tuple(src_structure.shape)} does not match the "
                 f"source batch {tuple(src_tokens.shape)}: re-run the structural prepare step on the "
                 "same BPE text that fairseq-preprocess binarized")
-        depth, tin, tout = src_structure.long().unbind(dim=1)
-        return {"depth": depth, "tin": tin, "tout": tout}
+        return dict(zip(PARSE, src_structure.long().unbind(dim=1)))
 
     def embed_with_structure(self, src_tokens: Tensor, token_embedding: Optional[Tensor],
                              depth: Optional[Tensor]):
@@ -223,16 +135,15 @@ class PositionAwareTransformerDecoder(TransformerDecoderBase):
         """``right_padded``: the decoder's batches are padded on the right only (fairseq's target
         and language-model batches, unless ``--left-pad-target``), so token positions are indices."""
         self.position_options = position_options
-        self.right_padded = right_padded
+        self.position_side = PositionSide(position_options, right_padded, causal=True)
         self._layers_built = 0
         super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn,
                          output_projection=output_projection)
-        self.position_record = PositionOptionsRecord.of_side(position_options)
-        register_shared(self, position_options)
+        self.position_side.attach(self)
 
     def upgrade_state_dict_named(self, state_dict: Dict[str, Tensor], name: str) -> Dict[str, Tensor]:
         """fairseq's upgrades, and weights from before the side owned its shared modules."""
-        upgrade_shared(self, state_dict, name)
+        self.position_side.upgrade(self, state_dict, name)
         return super().upgrade_state_dict_named(state_dict, name)
 
     def build_decoder_layer(self, cfg: Any, no_encoder_attn: bool = False) -> nn.Module:
@@ -241,7 +152,7 @@ class PositionAwareTransformerDecoder(TransformerDecoderBase):
         layer = PositionAwareDecoderLayer(cfg, self.position_options, self._layers_built,
                                           no_encoder_attn=no_encoder_attn)
         self._layers_built += 1
-        return wrap_layer(layer, cfg)
+        return self.position_side.wrap(layer, cfg)
 
     def extract_features(
         self,
@@ -259,9 +170,8 @@ class PositionAwareTransformerDecoder(TransformerDecoderBase):
                 full_context_alignment, alignment_layer, alignment_heads)
         if full_context_alignment:
             raise ValueError("--decoder-* position terms are causal; full-context alignment is not supported")
-        self.position_options.check_length(prev_output_tokens.size(1))
-        ctx = PositionContext.from_tokens(prev_output_tokens, self.padding_idx, self.right_padded,
-                                          tables=self.sequence_tables(incremental_state), causal=True)
+        ctx = self.position_side.context(prev_output_tokens, self.padding_idx,
+                                         tables=self.sequence_tables(incremental_state))
         source, source_padding = None, None
         if encoder_out is not None and len(encoder_out["encoder_out"]) > 0:
             source = encoder_out["encoder_out"][0]

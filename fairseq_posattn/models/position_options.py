@@ -199,6 +199,9 @@ class SidePositionOptions:
         if flex_attention is None:
             raise PositionOptionError(f"{self.flag('attention_kernel')} flex needs torch >= 2.5 "
                                       f"(torch.nn.attention.flex_attention); use auto or explicit")
+        if terms.row_dependent is not None:
+            raise PositionOptionError(f"{self.flag('attention_kernel')} flex: CoPE's contextual positions count "
+                                      f"gates over the whole attention row; use auto or explicit")
         if terms.post_softmax is not None or any(term.values for term in terms.key_value):
             raise PositionOptionError(
                 f"{self.flag('attention_kernel')} flex: the attention convolution and the value term of "

@@ -29,14 +29,7 @@ from fairseq_posattn.models.position_options import (
     add_position_args,
     set_position_defaults,
 )
-from fairseq_posattn.models.position_aware_transformer import (
-    add_layer_wrapping_args,
-    register_shared,
-    set_layer_wrapping_defaults,
-    upgrade_shared,
-    wrap_layer,
-)
-from fairseq_posattn.models.position_record import PositionOptionsRecord
+from fairseq_posattn.models.position_side import PositionSide, add_layer_wrapping_args, set_layer_wrapping_defaults
 from fairseq_posattn.modules.char_cnn import CharCNNWordEncoder
 from fairseq_posattn.modules.position_context import PositionContext
 from fairseq_posattn.modules.transformer_layer import PositionAwareEncoderLayer
@@ -127,7 +120,7 @@ class SanTaggerEncoder(FairseqEncoder):
     def __init__(self, args: argparse.Namespace, words: Any, chars: Any, position_options: SidePositionOptions):
         super().__init__(words)
         self.position_options = position_options
-        self.position_record = PositionOptionsRecord.of_side(position_options)
+        self.position_side = PositionSide(position_options, right_padded=False, causal=False)
         self.padding_idx = words.pad()
         self.max_source_positions = args.max_source_positions
         self.position_embedding = args.position_embedding
@@ -142,14 +135,14 @@ class SanTaggerEncoder(FairseqEncoder):
         self.dropout_p = args.dropout
         self.dropout_module = FairseqDropout(args.dropout, module_name=self.__class__.__name__)
         self.layers = nn.ModuleList(
-            wrap_layer(PositionAwareEncoderLayer(cfg, position_options, index), cfg)
+            self.position_side.wrap(PositionAwareEncoderLayer(cfg, position_options, index), cfg)
             for index in range(args.encoder_layers))
-        register_shared(self, position_options)
+        self.position_side.attach(self)
         self.layer_norm = LayerNorm(self.output_dim) if args.encoder_normalize_before else None
 
     def upgrade_state_dict_named(self, state_dict: Dict[str, Tensor], name: str) -> Dict[str, Tensor]:
         """Weights from before the side owned its layers' shared modules (T5's table)."""
-        upgrade_shared(self, state_dict, name)
+        self.position_side.upgrade(self, state_dict, name)
         return state_dict
 
     def _build_position_embedding(self, args: argparse.Namespace) -> Optional[nn.Embedding]:
@@ -177,8 +170,7 @@ class SanTaggerEncoder(FairseqEncoder):
         if src_chars is None or src_chars.shape[:2] != src_tokens.shape:
             raise ValueError("san_tagger needs the characters of every word (net_input['src_chars'], "
                              "(batch, words, max_chars)): train and predict with --task pos_tagging")
-        self.position_options.check_length(src_tokens.size(1))
-        ctx = PositionContext.from_tokens(src_tokens, self.padding_idx)
+        ctx = self.position_side.context(src_tokens, self.padding_idx)
         x0 = self.embed(src_tokens, src_chars, ctx)
         x = self.dropout_module(x0).transpose(0, 1)
         for layer in self.layers:

@@ -36,17 +36,14 @@ from fairseq.utils import safe_getattr
 from torch import Tensor, nn
 
 from fairseq_posattn.models.hub_loading import PosattnHubMixin
-from fairseq_posattn.models.position_aware_transformer import (
-    PositionAwareTransformerEncoder,
-    add_layer_wrapping_args,
-    set_layer_wrapping_defaults,
-)
+from fairseq_posattn.models.position_aware_transformer import PositionAwareTransformerEncoder
 from fairseq_posattn.models.position_options import (
     PositionOptionError,
     SidePositionOptions,
     add_position_args,
     set_position_defaults,
 )
+from fairseq_posattn.models.position_side import add_layer_wrapping_args, set_layer_wrapping_defaults
 from fairseq_posattn.user_errors import UserError
 
 POOLING_CHOICES = ["mean", "first"]

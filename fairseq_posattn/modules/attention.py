@@ -6,8 +6,10 @@ Order of operations for one head (docs/methods.md, Order of operations in one he
    ``q`` scaled by 1/sqrt(d_h); query/key transforms (rotary) of the current tokens;
 2. content logits ``q k^T`` plus the key/value augmentations' key term (Shaw, structural);
 3. logit scaling (distance-aware: ``ReLU(.) * Rhat``);
-4. additive biases (direct absolute / relative, T5's buckets, ALiBi);
-5. masks: ``attn_mask`` (causal) and key padding, as -inf *after* the steps above;
+4. additive biases (direct absolute / relative, T5's buckets, ALiBi, ...), then the token-difference biases
+   (FoX's ``c_i - c_j`` of values computed from the layer's input);
+5. masks: ``attn_mask`` (causal) and key padding, as -inf *after* the steps above; then a row-dependent bias
+   (CoPE's contextual positions, counted on the masked row);
 6. softmax; post-softmax transform (convolution), which re-masks;
 7. dropout; ``probs v`` plus the augmentations' value term; output projection.
 
@@ -21,7 +23,7 @@ of tensors prepared once per batch. Each call takes the path its terms allow (:m
   least one of them learns or rescales (compiled ``flex_attention``, a block mask for padding and
   causality prepared once per batch; no (length x length) tensor is kept for the backward pass);
 - ``explicit``: steps 2-7 written out, when a term needs the attention matrix (the convolutions, the
-  value term of relative embeddings) or the call asks for the weights.
+  value term of relative embeddings, a row-dependent bias) or the call asks for the weights.
 
 ``--{side}-attention-kernel explicit`` forces the explicit path (reference, inspection); ``flex``
 forces flex_attention where the terms allow it (on the CPU its eager, unfused implementation: for
@@ -52,7 +54,7 @@ nothing of a call.
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -69,7 +71,9 @@ from fairseq_posattn.modules.position_terms.base import (
     PostSoftmaxTransform,
     ProjectionScaling,
     QueryKeyTransform,
+    RowDependentBias,
     ScoreMod,
+    TokenDifferenceBias,
     at_least_fp32,
     same_dtype,
 )
@@ -100,6 +104,8 @@ class PositionTerms:
     key_value: List[KeyValueAugmentation] = field(default_factory=list)
     post_softmax: Optional[PostSoftmaxTransform] = None
     projection: Optional[ProjectionScaling] = None
+    token_difference: List[TokenDifferenceBias] = field(default_factory=list)
+    row_dependent: Optional[RowDependentBias] = None
     #: ``--{side}-attention-kernel``, ``--{side}-attention-self-check`` and the layer's name in the log
     #: ("encoder self-attention, layer 0")
     kernel: str = "auto"
@@ -107,14 +113,15 @@ class PositionTerms:
     where: str = "self-attention"
 
     def add(self, term: nn.Module) -> None:
-        """File ``term`` under its kind (at most one logit scaling, post-softmax and projection scaling)."""
+        """File ``term`` under its kind (at most one logit scaling, post-softmax transform, projection scaling
+        and row-dependent bias)."""
         for kind, listed in ((QueryKeyTransform, self.query_key), (AdditiveLogitBias, self.additive),
-                             (KeyValueAugmentation, self.key_value)):
+                             (KeyValueAugmentation, self.key_value), (TokenDifferenceBias, self.token_difference)):
             if isinstance(term, kind):
                 listed.append(term)
                 return
         for kind, name in ((LogitScaling, "scaling"), (PostSoftmaxTransform, "post_softmax"),
-                           (ProjectionScaling, "projection")):
+                           (ProjectionScaling, "projection"), (RowDependentBias, "row_dependent")):
             if isinstance(term, kind):
                 if getattr(self, name) is not None:
                     raise ValueError(f"two {name} terms in one layer: {getattr(self, name)} and {term}")
@@ -124,8 +131,9 @@ class PositionTerms:
 
     def is_empty(self) -> bool:
         return not (
-            self.query_key or self.additive or self.key_value or self.scaling is not None
-            or self.post_softmax is not None or self.projection is not None
+            self.query_key or self.additive or self.key_value or self.token_difference
+            or self.scaling is not None or self.post_softmax is not None or self.projection is not None
+            or self.row_dependent is not None
         )
 
 
@@ -166,10 +174,12 @@ class PositionAwareMultiheadAttention(MultiheadAttention):
         self.key_value_terms = nn.ModuleList(terms.key_value)
         self.post_softmax_term = terms.post_softmax
         self.projection_term = terms.projection
+        self.token_difference_terms = nn.ModuleList(terms.token_difference)
+        self.row_term = terms.row_dependent
         self.kernel, self.self_check, self.where = terms.kernel, terms.self_check, terms.where
         #: what the path depends on besides the call: the terms rescale the logits; an additive one learns
         self.rescales = self.scaling_term is not None or len(self.key_value_terms) > 0
-        self.learned_bias = any(learns(term) for term in self.additive_terms)
+        self.learned_bias = any(learns(term) for term in (*self.additive_terms, *self.token_difference_terms))
         self.pointwise = self.fusable()
         self._logged_paths: set = set()
         self._configuration: Optional[Tuple[str, ...]] = None
@@ -204,16 +214,38 @@ class PositionAwareMultiheadAttention(MultiheadAttention):
     def score_terms(self) -> List[PositionTerm]:
         """The terms that change the logits, in the order of docs/methods.md (keys, scaling, biases)."""
         scaling = [self.scaling_term] if self.scaling_term is not None else []
-        return [*self.key_value_terms, *scaling, *self.additive_terms]
+        row = [self.row_term] if self.row_term is not None else []
+        return [*self.key_value_terms, *scaling, *self.additive_terms, *self.token_difference_terms, *row]
+
+    def all_terms(self) -> List[PositionTerm]:
+        """Every term of the layer, of every kind, in the kernel's order."""
+        single = [self.projection_term, *self.query_key_terms, *self.score_terms(), self.post_softmax_term]
+        return [term for term in single if term is not None]
 
     def needs_matrix(self) -> bool:
-        """A term needs the attention matrix itself: a post-softmax transform or a value term."""
-        return self.post_softmax_term is not None or any(term.values for term in self.key_value_terms)
+        """A term needs the attention matrix itself: a post-softmax transform, a value term or a row-dependent
+        bias."""
+        return (self.post_softmax_term is not None or self.row_term is not None
+                or any(term.values for term in self.key_value_terms))
 
     def fusable(self) -> bool:
         """Every term of the layer has a pointwise form (``flex`` is allowed)."""
-        return not self.needs_matrix() and all(
-            type(term).score_mod is not PositionTerm.score_mod for term in self.score_terms())
+        return not self.needs_matrix() and all(term.has_score_mod() for term in self.score_terms())
+
+    def token_values(self, x: Tensor, ctx: PositionContext,
+                     earlier: Optional[Sequence[Optional[Tensor]]] = None) -> List[Tensor]:
+        """The values of each token-difference term for the layer input ``x`` ``(tgt_len, batch, embed_dim)``
+        of the current tokens, after the ``earlier`` tokens' (one per term, cached by incremental decoding;
+        None: a full pass)."""
+        earlier = [None] * len(self.token_difference_terms) if earlier is None else earlier
+        return [term.token_values(x, ctx, cached) for term, cached in self.with_values(earlier)]
+
+    def with_values(self, values: Sequence[Any]) -> Iterator[Tuple[TokenDifferenceBias, Any]]:
+        """The token-difference terms paired with ``values``, one each (a missing one would drop a bias)."""
+        if len(values) != len(self.token_difference_terms):
+            raise ValueError(f"{self.where}: {len(values)} sets of token values for "
+                             f"{len(self.token_difference_terms)} token-difference terms")
+        return zip(self.token_difference_terms, values)
 
     def path(self, need_weights: bool, device: torch.device, decoding: bool) -> Tuple[str, str]:
         """The path of one call and why, derived from what the terms declare (module docstring)."""
@@ -289,10 +321,13 @@ class PositionAwareMultiheadAttention(MultiheadAttention):
 
         saved_state = self._get_input_buffer(incremental_state) if incremental_state is not None else None
         history: Optional[Tensor] = None
+        earlier: List[Optional[Tensor]] = [None] * len(self.token_difference_terms)
         if saved_state is not None and "prev_key" in saved_state:
             k = torch.cat([saved_state["prev_key"], k], dim=2)
             v = torch.cat([saved_state["prev_value"], v], dim=2)
             history = saved_state.get("prev_attn_rows")
+            earlier = [saved_state.get(token_values_key(i)) for i in range(len(earlier))]
+        values = self.token_values(query, ctx, earlier)
 
         path, reason = self.path(need_weights, q.device, decoding=saved_state is not None)
         if path != EXPLICIT and not fused_path_agrees(self, path, ctx, q.dtype):
@@ -302,17 +337,19 @@ class PositionAwareMultiheadAttention(MultiheadAttention):
         probs: Optional[Tensor] = None
         rows: Optional[Tensor] = None
         if path == EXPLICIT:
-            out, softmax, probs, rows = self._attend_explicitly(q, k, v, ctx, attn_mask, history)
+            out, softmax, probs, rows = self._attend_explicitly(q, k, v, ctx, attn_mask, history, values)
         elif path == FLEX:
-            out = self._attend_flex(q, k, v, ctx)
+            out = self._attend_flex(q, k, v, ctx, values)
         else:
-            out = self._attend_fused(q, k, v, ctx, attn_mask)
+            out = self._attend_fused(q, k, v, ctx, attn_mask, values)
 
         if saved_state is not None:
             saved_state["prev_key"] = k
             saved_state["prev_value"] = v
             if rows is not None:
                 saved_state["prev_attn_rows"] = rows
+            for i, token_values in enumerate(values):
+                saved_state[token_values_key(i)] = token_values
             self._set_input_buffer(incremental_state, saved_state)
 
         out = out.permute(2, 0, 1, 3).reshape(tgt_len, bsz, self.embed_dim)
@@ -328,47 +365,56 @@ class PositionAwareMultiheadAttention(MultiheadAttention):
     reference_path = EXPLICIT
 
     def path_output(self, path: str, q: Tensor, k: Tensor, v: Tensor, ctx: PositionContext,
-                    attn_mask: Optional[Tensor]) -> Tensor:
+                    attn_mask: Optional[Tensor], x: Tensor) -> Tensor:
         """The ``(batch, heads, tgt_len, head_dim)`` output of ``path`` without dropout (the self-check's
-        comparison; ``q`` scaled and transformed, ``k`` and ``v`` of every key)."""
+        comparison; ``q`` scaled and transformed, ``k`` and ``v`` of every key, ``x`` the layer input
+        ``(tgt_len, batch, embed_dim)`` that the token-difference terms read)."""
+        values = self.token_values(x, ctx)
         if path == EXPLICIT:
-            return self._attend_explicitly(q, k, v, ctx, attn_mask, None, dropout=False)[0]
+            return self._attend_explicitly(q, k, v, ctx, attn_mask, None, values, dropout=False)[0]
         if path == FLEX:
-            return self._attend_flex(q, k, v, ctx)
-        return self._attend_fused(q, k, v, ctx, attn_mask, dropout=False)
+            return self._attend_flex(q, k, v, ctx, values)
+        return self._attend_fused(q, k, v, ctx, attn_mask, values, dropout=False)
 
     def _attend_fused(
         self, q: Tensor, k: Tensor, v: Tensor, ctx: PositionContext, attn_mask: Optional[Tensor],
-        dropout: bool = True,
+        values: Sequence[Tensor], dropout: bool = True,
     ) -> Tensor:
         tgt_len, src_len = q.size(2), k.size(2)
         mask = ctx.key_padding_bias(q.dtype)  # shared by the layers: never changed in place
         for term in self.additive_terms:
             mask = mask + same_dtype(term.bias(ctx, tgt_len, src_len), q.dtype)
+        for term, token_values in self.with_values(values):
+            mask = mask + same_dtype(term.bias_of(token_values, tgt_len), q.dtype)
         if attn_mask is not None:
             mask = mask + same_dtype(attn_mask, q.dtype)
         dropout_p = self.dropout_module.p if self.training and dropout else 0.0
         return masked_sdpa(q, k, v, mask, dropout_p)
 
-    def score_mod(self, ctx: PositionContext, q: Tensor, src_len: int) -> ScoreMod:
-        """The layer's terms composed into one ``score_mod``, in the kernel's order."""
-        mods = [term.score_mod(ctx, q, src_len) for term in self.score_terms()]
+    def score_mod(self, ctx: PositionContext, q: Tensor, src_len: int, values: Sequence[Tensor]) -> ScoreMod:
+        """The layer's terms composed into one ``score_mod``, in the kernel's order (``values``: those of the
+        token-difference terms)."""
+        mods = [term.score_mod(ctx, q, src_len) for term in self.score_terms()
+                if not isinstance(term, TokenDifferenceBias)]
+        mods += [term.score_mod_of(token_values, q.size(2))
+                 for term, token_values in self.with_values(values)]
         if any(mod is None for mod in mods):
             raise ValueError(f"{self.where}: a term has no score_mod form: {self.score_terms()}")
         return compose(mods)
 
-    def _attend_flex(self, q: Tensor, k: Tensor, v: Tensor, ctx: PositionContext) -> Tensor:
+    def _attend_flex(self, q: Tensor, k: Tensor, v: Tensor, ctx: PositionContext, values: Sequence[Tensor]) -> Tensor:
         """flex_attention on queries and keys padded to a multiple of :data:`FLEX_BLOCK` (the padded
         keys are masked, the padded query rows dropped; the terms read their tables at clamped
         indices, so that no index leaves them)."""
         tgt_len, src_len = q.size(2), k.size(2)
         block_mask = ctx.prepared(FlexBlockMask(tgt_len, src_len))
-        score_mod = within(self.score_mod(ctx, q, src_len), tgt_len, src_len)
+        score_mod = within(self.score_mod(ctx, q, src_len, values), tgt_len, src_len)
         q, k, v = (pad_to_block(t) for t in (q, k, v))
         out = flex_kernel(q.device)(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=1.0)
         return out[:, :, :tgt_len]
 
-    def explicit_logits(self, q: Tensor, k: Tensor, ctx: PositionContext, attn_mask: Optional[Tensor]) -> Tensor:
+    def explicit_logits(self, q: Tensor, k: Tensor, ctx: PositionContext, attn_mask: Optional[Tensor],
+                        values: Sequence[Tensor]) -> Tensor:
         """Steps 2-5 written out: ``(batch, heads, tgt_len, src_len)`` logits, -inf where masked."""
         tgt_len, src_len = q.size(2), k.size(2)
         # the logits are a fresh tensor (as is the scaling term's result, in fp32) that no backward
@@ -380,18 +426,23 @@ class PositionAwareMultiheadAttention(MultiheadAttention):
             logits = self.scaling_term(logits, ctx)
         for term in self.additive_terms:
             logits.add_(same_dtype(term.bias(ctx, tgt_len, src_len), logits.dtype))
+        for term, token_values in self.with_values(values):
+            logits.add_(same_dtype(term.bias_of(token_values, tgt_len), logits.dtype))
         if attn_mask is not None:
             logits.add_(same_dtype(attn_mask, logits.dtype))
-        return logits.masked_fill_(ctx.key_padding_4d(), float("-inf"))
+        logits.masked_fill_(ctx.key_padding_4d(), float("-inf"))
+        if self.row_term is None:
+            return logits
+        return logits + same_dtype(self.row_term(logits, q, ctx), logits.dtype)  # -inf stays -inf
 
     def _attend_explicitly(
         self, q: Tensor, k: Tensor, v: Tensor, ctx: PositionContext,
-        attn_mask: Optional[Tensor], history: Optional[Tensor], dropout: bool = True,
+        attn_mask: Optional[Tensor], history: Optional[Tensor], values: Sequence[Tensor], dropout: bool = True,
     ) -> Tuple[Tensor, Tensor, Tensor, Optional[Tensor]]:
         """Steps 2-7: the output, the softmax S, the weights that multiply V (S after the post-softmax
         transform; S itself without one) and the rows to cache for the transform's next step."""
         tgt_len, src_len = q.size(2), k.size(2)
-        logits = self.explicit_logits(q, k, ctx, attn_mask)
+        logits = self.explicit_logits(q, k, ctx, attn_mask, values)
         softmax = same_dtype(torch.softmax(logits, dim=-1, dtype=at_least_fp32(logits.dtype)), v.dtype)  # as fairseq
 
         probs, rows = softmax, None
@@ -407,6 +458,12 @@ class PositionAwareMultiheadAttention(MultiheadAttention):
             if term.values:
                 out.add_(term.value_output(dropped, ctx))
         return out, softmax, probs, rows
+
+
+def token_values_key(index: int) -> str:
+    """The incremental-state key of the values of the layer's ``index``-th token-difference term (batch first,
+    so that fairseq's reordering for beam search reorders them with the keys)."""
+    return f"prev_token_values_{index}"
 
 
 def fairseq_layout(probs: Tensor, per_head: bool) -> Tensor:

@@ -128,15 +128,17 @@ def compare_paths(attn: nn.Module, path: str, ctx: PositionContext, dtype: torch
 
     qkv = [draw(batch, attn.num_heads, length, attn.head_dim).requires_grad_(gradients) for _ in range(3)]
     qkv[0] = qkv[0].detach().mul_(attn.head_dim ** -0.5).requires_grad_(gradients)  # scaled, as projected
+    layer_input = draw(length, batch, attn.embed_dim).requires_grad_(gradients)  # what token values are made of
     real_rows = ~ctx.padding_mask[:, None, :, None]
     weights = draw(batch, attn.num_heads, length, attn.head_dim).masked_fill(~real_rows, 0)
     attn_mask = causal_mask(length, dtype, device) if ctx.causal else None
     parameters = attn.learned_position_parameters()
-    inputs = [*qkv, *(parameter for _, parameter in parameters)]
-    names = ["q", "k", "v", *(name for name, _ in parameters)]
+    reads_input = len(attn.token_difference_terms) > 0
+    inputs = [*qkv, *([layer_input] if reads_input else []), *(parameter for _, parameter in parameters)]
+    names = ["q", "k", "v", *(["x"] if reads_input else []), *(name for name, _ in parameters)]
 
     def run(kernel_path: str) -> List[Tensor]:
-        out = attn.path_output(kernel_path, *qkv, ctx, attn_mask)
+        out = attn.path_output(kernel_path, *qkv, ctx, attn_mask, layer_input)
         results = [out.masked_fill(~real_rows, 0)]
         if gradients:
             grads = torch.autograd.grad((out.float() * weights.float()).sum(), inputs, allow_unused=True)
@@ -161,7 +163,7 @@ def compare_paths(attn: nn.Module, path: str, ctx: PositionContext, dtype: torch
 def configuration_key(attn: nn.Module, path: str, ctx: PositionContext, dtype: torch.dtype) -> Hashable:
     """What the kernels of one call see, besides the batch's sizes (see the module docstring)."""
     return (attn.configuration(), path, dtype, ctx.padding_mask.device, ctx.causal, ctx.positions is None,
-            ctx.structural_relative is not None, attn.training)
+            bool(ctx.side_data), attn.training)
 
 
 #: the verdict of every configuration checked in this process
@@ -185,7 +187,7 @@ def fused_path_agrees(attn: nn.Module, path: str, ctx: PositionContext, dtype: t
 def self_check(attn: nn.Module, path: str, ctx: PositionContext, dtype: torch.dtype) -> bool:
     """Compare ``path`` with the explicit path once on the check's batch; say what was found."""
     example = PositionContext.example(check_lengths(attn), ctx.positions is None, ctx.causal,
-                                      ctx.structural_relative is not None, ctx.padding_mask.device)
+                                      bool(ctx.side_data), ctx.padding_mask.device)
     comparison = compare_paths(attn, path, example, dtype, gradients=attn.training)
     name, error = comparison.largest
     what = (f"{attn.where}: the {path} kernel against the explicit path ({describe(dtype, ctx, attn.training)}, "

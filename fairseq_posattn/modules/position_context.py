@@ -5,8 +5,10 @@ pass from its tokens and passes it *with every layer call* (see
 :mod:`fairseq_posattn.modules.attention`): nothing is stored on a module, so a re-entrant call
 (activation checkpointing's recomputation, ``torch.compile``, FSDP, hooks) sees exactly what the
 first call saw. Every index tensor a position term needs (token positions, query-minus-key
-distances, relative structural positions) is computed here once per batch, eagerly and without a
-host-device synchronisation, and shared by every layer and head.
+distances) is computed here once per batch, eagerly and without a host-device synchronisation, and
+shared by every layer and head. Per-token side data that a batch carries for a method (a parse's tree
+depths and walk times) is held as given, by name (:attr:`PositionContext.side_data`); the method that
+reads it derives what it needs from it with its own :class:`Preparation`.
 
 Positions are *token* positions: with fairseq's left-padded source, position 0 is the first real
 token, never a pad.
@@ -33,7 +35,7 @@ Derived tensors are built once where they cannot change:
 """
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Hashable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Hashable, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
@@ -121,9 +123,8 @@ class PositionContext:
             side's padding is on the right, where a real token's position is its index.
         left_pads: ``(batch,)`` number of pads before each sequence's first token, or None (right
             padding).
-        depth: ``(batch, length)`` tree depth of each token's word (structural side data), or None.
-        structural_relative: ``(batch, length, length)`` clipped relative structural positions
-            (:func:`structural_relative`), or None without structural side data.
+        side_data: per-token side data of the batch by name, each ``(batch, length)`` (a parse's
+            ``depth``, ``tin``, ``tout``, collated by ``--task translation_structural``); empty without.
         tables: the sequence's :class:`SequenceTables` in incremental decoding without gradients on
             a right-padded side, else None.
         causal: the side is causal (a decoder): query i sees the keys up to its own position only.
@@ -134,8 +135,7 @@ class PositionContext:
     distances: Tensor
     positions: Optional[Tensor] = None
     left_pads: Optional[Tensor] = None
-    depth: Optional[Tensor] = None
-    structural_relative: Optional[Tensor] = None
+    side_data: Mapping[str, Tensor] = field(default_factory=dict)
     tables: Optional[SequenceTables] = None
     causal: bool = False
     memo: Dict[Preparation, Any] = field(default_factory=dict, compare=False, repr=False)
@@ -145,8 +145,7 @@ class PositionContext:
         cls,
         padding_mask: Tensor,
         right_padded: bool,
-        structural: Optional[Dict[str, Tensor]] = None,
-        structural_clip: Optional[int] = None,
+        side_data: Optional[Mapping[str, Tensor]] = None,
         tables: Optional[SequenceTables] = None,
         causal: bool = False,
     ) -> "PositionContext":
@@ -156,9 +155,7 @@ class PositionContext:
             right_padded: True where the side's batches are padded on the right only (fairseq's
                 target and language-model batches): token positions are then the indices. False
                 computes token positions from the mask, which is right for any padding.
-            structural: ``depth``, ``tin``, ``tout`` of every token, each ``(batch, length)`` long
-                (collated by ``--task translation_structural``).
-            structural_clip: clip of the relative structural positions; None when no term needs them.
+            side_data: per-token side data by name, each ``(batch, length)`` (None: none).
             tables: the sequence tables of incremental decoding (kept only on a right-padded side
                 and without gradients, where they are valid).
             causal: the side is causal (a decoder, a language model).
@@ -168,12 +165,6 @@ class PositionContext:
         if not right_padded:
             positions = ((~padding_mask).long().cumsum(dim=1) - 1).clamp(min=0)
             left_pads = padding_mask.long().cumprod(dim=1).sum(dim=1)
-        depth = relative = None
-        if structural is not None:
-            depth = structural["depth"]
-            if structural_clip is not None:
-                relative = structural_relative(
-                    structural["depth"], structural["tin"], structural["tout"], structural_clip)
         if not right_padded or torch.is_grad_enabled():
             tables = None
         if tables is None:
@@ -181,7 +172,7 @@ class PositionContext:
         else:  # a decoding step: a slice of the sequence's table
             distances = tables.get((index_differences,), length, lambda n: index_differences(n, device), 0)
             distances = distances[:length, :length]
-        return cls(padding_mask, distances, positions, left_pads, depth, relative, tables, causal)
+        return cls(padding_mask, distances, positions, left_pads, dict(side_data or {}), tables, causal)
 
     @classmethod
     def from_tokens(
@@ -189,13 +180,12 @@ class PositionContext:
         tokens: Tensor,
         padding_idx: int,
         right_padded: bool = False,
-        structural: Optional[Dict[str, Tensor]] = None,
-        structural_clip: Optional[int] = None,
+        side_data: Optional[Mapping[str, Tensor]] = None,
         tables: Optional[SequenceTables] = None,
         causal: bool = False,
     ) -> "PositionContext":
         """:meth:`from_padding` of ``tokens.eq(padding_idx)``."""
-        return cls.from_padding(tokens.eq(padding_idx), right_padded, structural, structural_clip, tables, causal)
+        return cls.from_padding(tokens.eq(padding_idx), right_padded, side_data, tables, causal)
 
     @classmethod
     def unpadded(cls, length: int, device: torch.device, causal: bool = False) -> "PositionContext":
@@ -203,12 +193,12 @@ class PositionContext:
         return cls.from_padding(torch.zeros(1, length, dtype=torch.bool, device=device), True, causal=causal)
 
     @classmethod
-    def example(cls, lengths: Sequence[int], right_padded: bool, causal: bool, structural: bool,
+    def example(cls, lengths: Sequence[int], right_padded: bool, causal: bool, parsed: bool,
                 device: torch.device) -> "PositionContext":
         """A padded batch of sentences of ``lengths`` tokens shaped as a side's batches are: padded on its
-        side, causal or not, and with structural side data where the side has it (a complete binary
-        tree of two-piece words, EOS last; relative positions clipped to 1, within any term's table).
-        The kernel self-check's and the GPU verification's batch (no tokens needed)."""
+        side, causal or not, and ``parsed`` where the side's batches carry a parse as side data (a
+        complete binary tree of two-piece words, EOS last). The kernel self-check's and the GPU
+        verification's batch (no tokens needed)."""
         longest = max(lengths)
         padding = torch.ones(len(lengths), longest, dtype=torch.bool)
         side_data = {name: torch.full((len(lengths), longest), -1, dtype=torch.long) for name in ("depth", "tin", "tout")}
@@ -218,8 +208,8 @@ class PositionContext:
             for name, values in zip(("depth", "tin", "tout"), binary_tree_side_data(length)):
                 side_data[name][row, tokens] = torch.tensor(values)
         side_data["depth"].clamp_(min=0)
-        structure = {name: values.to(device) for name, values in side_data.items()} if structural else None
-        return cls.from_padding(padding.to(device), right_padded, structure, 1 if structural else None, causal=causal)
+        parse = {name: values.to(device) for name, values in side_data.items()} if parsed else None
+        return cls.from_padding(padding.to(device), right_padded, parse, causal=causal)
 
     def prepared(self, preparation: Preparation) -> Any:
         """``preparation.build(self)``, built once per batch and shared by every layer that declares
@@ -288,38 +278,6 @@ class PositionContext:
     def query_padding_mask(self, tgt_len: int) -> Tensor:
         """``(batch, tgt_len)`` bool, True at padded query rows."""
         return self.padding_mask[:, self.length - tgt_len :]
-
-    def structural_buckets(self, tgt_len: int, src_len: int) -> Tensor:
-        """``(batch, tgt_len, src_len)`` clipped relative structural positions of the queries and keys."""
-        if self.structural_relative is None:
-            raise ValueError(
-                "structural positions need the parse side data of each sentence: train and "
-                "translate with --task translation_structural")
-        return self.structural_relative[:, src_len - tgt_len : src_len, :src_len]
-
-
-def structural_relative(depth: Tensor, tin: Tensor, tout: Tensor, clip: int) -> Tensor:
-    """Relative structural positions of a batch (Wang et al. 2019, section 3.2), vectorised.
-
-    Each token carries its word's tree depth and the entry/exit times ``tin``/``tout`` of that word
-    in a depth-first walk of the parse, so word a is an ancestor of (or is) word b exactly when
-    ``tin[a] <= tin[b]`` and ``tout[b] <= tout[a]``. EOS and pads have ``tin = -1``: on no path.
-
-    ``rel[i, j] = depth_i - depth_j`` if the words of i and j lie on one path to the root (pieces of
-    one word included), else ``sign(i - j) * (depth_i + depth_j)``; clipped to ``[-clip, clip]``.
-    Query-minus-key index order equals token order under any padding, so ``sign(i - j)`` is taken
-    from indices.
-    """
-    length = depth.size(1)
-    special = tin < 0
-    ancestor = (tin[:, :, None] <= tin[:, None, :]) & (tout[:, None, :] <= tout[:, :, None])
-    on_path = (ancestor | ancestor.transpose(1, 2)) & ~special[:, :, None] & ~special[:, None, :]
-    index = torch.arange(length, device=depth.device)
-    sign = torch.sign(index[:, None] - index[None, :])
-    rel = torch.where(
-        on_path, depth[:, :, None] - depth[:, None, :], sign * (depth[:, :, None] + depth[:, None, :])
-    )
-    return rel.clamp(-clip, clip)
 
 
 def index_differences(length: int, device: torch.device) -> Tensor:

@@ -18,4 +18,6 @@ from fairseq_posattn.modules.position_terms import (  # noqa: F401  (each file r
     sandwich,
     fire,
     xpos,
+    forget_gate,
+    contextual,
 )

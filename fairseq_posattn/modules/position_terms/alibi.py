@@ -21,14 +21,8 @@ from torch import Tensor, nn
 
 from fairseq_posattn.modules.position_context import PositionContext, Preparation
 from fairseq_posattn.modules.position_terms.base import AdditiveLogitBias, ScoreMod
-from fairseq_posattn.modules.position_terms.registry import (
-    CURVE,
-    LayerSpec,
-    MethodOption,
-    PositionMethod,
-    Quantity,
-    register,
-)
+from fairseq_posattn.modules.position_terms.quantities import CURVE, Quantity
+from fairseq_posattn.modules.position_terms.registry import LayerSpec, MethodOption, PositionMethod, register
 
 
 def alibi_slopes(num_heads: int) -> Tensor:

@@ -1,4 +1,4 @@
-"""The six kinds of position term, in the spirit of x-transformers' position modules.
+"""The eight kinds of position term, in the spirit of x-transformers' position modules.
 
 The attention kernel (:mod:`fairseq_posattn.modules.attention`) owns projections, masking, softmax
 and dropout; a position term only says how it changes one step of that computation:
@@ -6,8 +6,10 @@ and dropout; a position term only says how it changes one step of that computati
 - :class:`ProjectionScaling`: a rescaling of the projection weights (the learnable temperature);
 - :class:`QueryKeyTransform`: a transform of the projected queries and keys (rotary embedding);
 - :class:`AdditiveLogitBias`: a bias added to the scaled logits before the softmax;
+- :class:`TokenDifferenceBias`: a bias ``c_i - c_j`` of per-token values computed from the layer's input (FoX);
 - :class:`LogitScaling`: an elementwise rescaling of the content logits;
 - :class:`KeyValueAugmentation`: extra key and value vectors per (query, key) pair;
+- :class:`RowDependentBias`: a bias computed from each query's masked logits row (CoPE);
 - :class:`PostSoftmaxTransform`: a transform of the post-softmax attention matrix.
 
 Terms read token geometry from a :class:`~fairseq_posattn.modules.position_context.PositionContext`,
@@ -21,7 +23,7 @@ from torch import Tensor, nn
 
 from fairseq_posattn.modules.position_context import PositionContext
 from fairseq_posattn.user_errors import UserError
-from fairseq_posattn.modules.position_terms.registry import Quantity
+from fairseq_posattn.modules.position_terms.quantities import Quantity
 
 
 #: A term's pointwise form, ``modify(score, b, h, q_idx, kv_idx) -> score``: flex_attention's
@@ -130,6 +132,10 @@ class PositionTerm(nn.Module):
         None where it has no such form (it needs the whole attention matrix, or changes the values)."""
         return None
 
+    def has_score_mod(self) -> bool:
+        """The term has a pointwise form (flex_attention may fuse it)."""
+        return type(self).score_mod is not PositionTerm.score_mod
+
     def table_key(self, *built_with: Hashable) -> Tuple[Hashable, ...]:
         """This term's key in the sequence tables of incremental decoding: the term itself (its
         parameters) and whatever else the table is built with (e.g. the dtype)."""
@@ -186,6 +192,49 @@ class AdditiveLogitBias(PositionTerm):
         if not self.positions_only:
             return self(ctx, tgt_len, src_len)
         return ctx.pair_table(self.table_key(), tgt_len, src_len, self)
+
+
+class TokenDifferenceBias(PositionTerm):
+    """Kind 6 (step 4, after the additive biases): ``logits[b, h, i, j] + c[b, h, i] - c[b, h, j]``, where the
+    values ``c`` of every token are computed from the layer's input ``x`` in the forward pass (FoX's cumulative
+    log forget gates). The values depend on the tokens and need their gradient, so the kernel asks for them in
+    every call (activation checkpointing's recomputation computes them again; they are never prepared); in
+    incremental decoding it caches them beside the keys and hands the earlier tokens' back. The dense bias and
+    the pointwise form are the kind's, written once here; a method only says how its values are computed."""
+
+    def token_values(self, x: Tensor, ctx: PositionContext, earlier: Optional[Tensor]) -> Tensor:
+        """``(batch, heads, src_len)`` values of every token, in fp32 at least: ``earlier`` (the values of the
+        first ``src_len - tgt_len`` tokens, cached by incremental decoding; None in a full pass) followed by
+        those of the current tokens, whose layer input is ``x`` of shape ``(tgt_len, batch, embed_dim)``."""
+        raise NotImplementedError
+
+    def bias_of(self, values: Tensor, tgt_len: int) -> Tensor:
+        """``(batch, heads, tgt_len, src_len)``: ``c_i - c_j`` for the last ``tgt_len`` tokens as queries."""
+        return values[:, :, -tgt_len:, None] - values[:, :, None, :]
+
+    def score_mod_of(self, values: Tensor, tgt_len: int) -> ScoreMod:
+        """``score + c[b, h, i] - c[b, h, j]``, reading two copies of the values (flex_attention failed to lower a
+        ``score_mod`` that indexes one grad-requiring tensor twice)."""
+        offset = values.size(-1) - tgt_len
+        queries, keys = values, values.clone()
+
+        def difference(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+            return score + (queries[b, h, q_idx + offset] - keys[b, h, kv_idx]).to(score.dtype)
+        return difference
+
+    def has_score_mod(self) -> bool:
+        return True
+
+
+class RowDependentBias(PositionTerm):
+    """Kind 7 (step 5, after the masks): a bias computed from each query's row of masked logits and from the
+    queries (CoPE's contextual positions count gates of the whole row): it needs the matrix, so a layer with it
+    takes the explicit path. A decoding step's row holds every cached key, so no history is cached."""
+
+    def forward(self, logits: Tensor, q: Tensor, ctx: PositionContext) -> Tensor:
+        """The bias for ``logits`` of shape ``(batch, heads, tgt_len, src_len)`` (``-inf`` where a query may not
+        see a key) and the scaled queries ``q`` ``(batch, heads, tgt_len, head_dim)``."""
+        raise NotImplementedError
 
 
 class LogitScaling(PositionTerm):

@@ -31,15 +31,12 @@ from fairseq_posattn.modules.position_terms.base import (
     glorot_,
     same_dtype,
 )
+from fairseq_posattn.modules.position_terms.quantities import BARS, CURVE, MATRIX, Quantity
 from fairseq_posattn.modules.position_terms.registry import (
-    BARS,
-    CURVE,
-    MATRIX,
     LayerSpec,
     MethodOption,
     PositionMethod,
     PositionOptionError,
-    Quantity,
     register,
 )
 

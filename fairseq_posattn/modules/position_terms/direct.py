@@ -21,14 +21,12 @@ from fairseq_posattn.modules.position_terms.base import (
     glorot_,
     lookup,
 )
+from fairseq_posattn.modules.position_terms.quantities import CURVE, MATRIX, Quantity
 from fairseq_posattn.modules.position_terms.registry import (
-    CURVE,
-    MATRIX,
     LayerSpec,
     MethodOption,
     PositionMethod,
     PositionOptionError,
-    Quantity,
     register,
 )
 

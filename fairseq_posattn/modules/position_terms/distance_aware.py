@@ -8,15 +8,8 @@ from torch import Tensor, nn
 
 from fairseq_posattn.modules.position_context import PositionContext
 from fairseq_posattn.modules.position_terms.base import LogitScaling, ScoreMod, at_least_fp32, lookup, same_dtype
-from fairseq_posattn.modules.position_terms.registry import (
-    BARS,
-    MATRIX,
-    LayerSpec,
-    MethodOption,
-    PositionMethod,
-    Quantity,
-    register,
-)
+from fairseq_posattn.modules.position_terms.quantities import BARS, MATRIX, Quantity
+from fairseq_posattn.modules.position_terms.registry import LayerSpec, MethodOption, PositionMethod, register
 
 
 class DistanceAwareScaling(LogitScaling):

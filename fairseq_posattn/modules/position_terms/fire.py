@@ -42,13 +42,12 @@ from torch import Tensor, nn
 
 from fairseq_posattn.modules.position_context import PositionContext
 from fairseq_posattn.modules.position_terms.base import AdditiveLogitBias, ScoreMod, at_least_fp32, captured, lookup
+from fairseq_posattn.modules.position_terms.quantities import MATRIX, Quantity
 from fairseq_posattn.modules.position_terms.registry import (
-    MATRIX,
     LayerSpec,
     MethodOption,
     PositionMethod,
     PositionOptionError,
-    Quantity,
     register,
 )
 

@@ -45,15 +45,8 @@ from fairseq_posattn.modules.position_terms.base import (
     lookup,
     same_dtype,
 )
-from fairseq_posattn.modules.position_terms.registry import (
-    BARS,
-    CURVE,
-    LayerSpec,
-    MethodOption,
-    PositionMethod,
-    Quantity,
-    register,
-)
+from fairseq_posattn.modules.position_terms.quantities import BARS, CURVE, Quantity
+from fairseq_posattn.modules.position_terms.registry import LayerSpec, MethodOption, PositionMethod, register
 
 #: the authors' lower clamp of r1 and r2, and the power variant's upper clamp of r2
 KERPLE_EPS = 1e-2

@@ -12,9 +12,11 @@ A :class:`PositionMethod` says everything the rest of the plug-in needs to know 
   in the all-at-once model the tests build, and the benchmark's ratio target.
 
 What ``posattn-inspect`` shows of a method is said by its terms: each term's ``inspect(positions)``
-returns its learned quantities as :class:`Quantity` records (named arrays with one of a few generic
-layouts), and :func:`method_of` finds the method a term belongs to (the one registered in the file
-that defines the term's class), whose name is the kind that ``posattn-inspect`` draws it under.
+returns its learned quantities as :class:`~fairseq_posattn.modules.position_terms.quantities.Quantity`
+records, and :func:`method_of` finds the method a term belongs to (the one registered in the file
+that defines the term's class), whose name is the kind that ``posattn-inspect`` draws it under. What the
+tests and the benchmark build from the declarations (variants, labels, the all-at-once model) is
+:mod:`~fairseq_posattn.modules.position_terms.catalogue`'s.
 
 Adding a method is one file that defines its term(s) and ends with ``register(...)``, plus one
 import line in :mod:`fairseq_posattn.modules.position_terms`; the registration order is the order
@@ -22,9 +24,9 @@ of the options in ``--help`` and of the terms within a kind.
 """
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Tuple
 
-from torch import Tensor, nn
+from torch import nn
 
 from fairseq_posattn.user_errors import UserError
 
@@ -91,38 +93,6 @@ class PositionMethod:
         return []
 
 
-#: layouts of a :class:`Quantity`, i.e. the shape of its ``values`` and how they are drawn
-MATRIX = "matrix"  # heads x rows x columns (or heads x panels x rows x columns): heatmaps per head
-CURVE = "curve"  # heads x points: one curve per head over a named axis (e.g. i - j)
-BARS = "bars"  # heads: one scalar per head, shown with the other layers' heads of the side
-TABLE = "table"  # rows x columns: one heatmap (e.g. bucket x dimension)
-LAYOUTS = (MATRIX, CURVE, BARS, TABLE)
-
-
-@dataclass(frozen=True)
-class Quantity:
-    """A learned quantity of a term, as ``posattn-inspect`` shows it (``values`` on the CPU).
-
-    ``axes`` names the axes: (rows, columns) of a matrix or table, (points, values) of a curve.
-    ``ticks`` labels them: (row labels, column labels) of a matrix or table (default: 0, 1, ...),
-    (the points,) of a curve. ``panels`` names the second axis of a 4-d matrix (e.g. filter taps).
-    ``signed`` values are drawn on a colour scale symmetric around 0.
-    """
-
-    name: str
-    values: Tensor
-    layout: str
-    title: str
-    axes: Tuple[str, str] = ("query position i", "key position j")
-    ticks: Tuple[Sequence[Any], ...] = ()
-    panels: Tuple[str, ...] = ()
-    signed: bool = True
-
-    def __post_init__(self) -> None:
-        if self.layout not in LAYOUTS:
-            raise ValueError(f"quantity {self.name!r} has layout {self.layout!r}, not one of {LAYOUTS}")
-
-
 REGISTRY: Dict[str, PositionMethod] = {}
 
 
@@ -154,41 +124,3 @@ def methods_of(side: str) -> List[PositionMethod]:
 
 def options_of(side: str) -> List[MethodOption]:
     return [option for method in methods_of(side) for option in method.options]
-
-
-def variant_flags(side: str, values: Mapping[str, Any]) -> List[str]:
-    """Command-line flags of a variant's option values on ``side``."""
-    flags: List[str] = []
-    for name, value in values.items():
-        flag = f"--{side}-{name.replace('_', '-')}"
-        if value is True:
-            flags.append(flag)
-        elif value is not False:
-            flags += [flag, str(value)]
-    return flags
-
-
-def all_variants(side: Optional[str] = None) -> Dict[str, Mapping[str, Any]]:
-    """Every registered variant (of the methods ``side`` can take), by name."""
-    found: Dict[str, Mapping[str, Any]] = {}
-    for method in REGISTRY.values():
-        if side is None or side in method.sides:
-            found.update(method.variants)
-    return found
-
-
-def variant_label(name: str) -> str:
-    """The paper-style label of a registered variant (its name where its method gives none)."""
-    for method in REGISTRY.values():
-        if name in method.variants:
-            return method.labels.get(name, name)
-    raise KeyError(f"no registered position method has a variant {name!r}")
-
-
-def combined_options(side: Optional[str] = None) -> Dict[str, Any]:
-    """The all-at-once model: every method's ``combined`` option values (of the methods ``side`` takes)."""
-    found: Dict[str, Any] = {}
-    for method in REGISTRY.values():
-        if side is None or side in method.sides:
-            found.update(method.combined)
-    return found

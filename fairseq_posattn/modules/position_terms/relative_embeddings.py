@@ -13,13 +13,12 @@ from torch import Tensor, nn
 
 from fairseq_posattn.modules.position_context import PositionContext, Preparation
 from fairseq_posattn.modules.position_terms.base import KeyValueAugmentation, ScoreMod, captured
+from fairseq_posattn.modules.position_terms.quantities import TABLE, Quantity
 from fairseq_posattn.modules.position_terms.registry import (
-    TABLE,
     LayerSpec,
     MethodOption,
     PositionMethod,
     PositionOptionError,
-    Quantity,
     register,
 )
 

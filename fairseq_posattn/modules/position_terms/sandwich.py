@@ -36,13 +36,12 @@ from torch import Tensor, nn
 
 from fairseq_posattn.modules.position_context import PositionContext, Preparation
 from fairseq_posattn.modules.position_terms.base import AdditiveLogitBias, ScoreMod, at_least_fp32, lookup
+from fairseq_posattn.modules.position_terms.quantities import CURVE, Quantity
 from fairseq_posattn.modules.position_terms.registry import (
-    CURVE,
     LayerSpec,
     MethodOption,
     PositionMethod,
     PositionOptionError,
-    Quantity,
     register,
 )
 

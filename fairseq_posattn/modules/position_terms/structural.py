@@ -1,36 +1,78 @@
 """Relative structural position representations (Wang et al. 2019, 3.2; see docs/methods.md).
 
 Shaw-style key and value embeddings indexed by the clipped relative structural position of each
-(query, key) pair, a table of their own; with sequential Shaw embeddings also on, both tables add.
+(query, key) pair, a table of their own; with sequential Shaw embeddings also on, both tables add. The
+positions come from the parse each batch carries as side data (:data:`PARSE`, in the context's
+``side_data``), derived once per batch by a :class:`StructuralBuckets` preparation.
 """
 
 from dataclasses import dataclass, replace
-from typing import Any, Callable, List
+from typing import Any, Callable, List, Tuple
 
+import torch
 from torch import Tensor, nn
 
 from fairseq_posattn.modules.position_context import PositionContext
+from fairseq_posattn.modules.position_terms.quantities import Quantity
 from fairseq_posattn.modules.position_terms.registry import (
     LayerSpec,
     MethodOption,
     PositionMethod,
     PositionOptionError,
-    Quantity,
     register,
 )
 from fairseq_posattn.modules.position_terms.relative_embeddings import RelativeBuckets, RelativePositionEmbeddings
 
 
+#: the names of the per-token side data of a parse, collated by ``--task translation_structural``: each token's
+#: word's tree depth and the entry and exit times of that word in a depth-first walk of the parse
+PARSE = ("depth", "tin", "tout")
+
+
+def structural_relative(depth: Tensor, tin: Tensor, tout: Tensor, clip: int) -> Tensor:
+    """Relative structural positions of a batch (Wang et al. 2019, section 3.2), vectorised: ``(batch, length,
+    length)`` from the ``(batch, length)`` side data of :data:`PARSE`.
+
+    Word a is an ancestor of (or is) word b exactly when ``tin[a] <= tin[b]`` and ``tout[b] <= tout[a]``. EOS
+    and pads have ``tin = -1``: on no path.
+
+    ``rel[i, j] = depth_i - depth_j`` if the words of i and j lie on one path to the root (pieces of
+    one word included), else ``sign(i - j) * (depth_i + depth_j)``; clipped to ``[-clip, clip]``.
+    Query-minus-key index order equals token order under any padding, so ``sign(i - j)`` is taken
+    from indices.
+    """
+    length = depth.size(1)
+    special = tin < 0
+    ancestor = (tin[:, :, None] <= tin[:, None, :]) & (tout[:, None, :] <= tout[:, :, None])
+    on_path = (ancestor | ancestor.transpose(1, 2)) & ~special[:, :, None] & ~special[:, None, :]
+    index = torch.arange(length, device=depth.device)
+    sign = torch.sign(index[:, None] - index[None, :])
+    rel = torch.where(
+        on_path, depth[:, :, None] - depth[:, None, :], sign * (depth[:, :, None] + depth[:, None, :])
+    )
+    return rel.clamp(-clip, clip)
+
+
+def parse_of(ctx: PositionContext) -> Tuple[Tensor, Tensor, Tensor]:
+    """The batch's :data:`PARSE` side data, or a clear error where the batch carries none."""
+    if not all(name in ctx.side_data for name in PARSE):
+        raise ValueError("structural positions need the parse side data of each sentence: train and "
+                         "translate with --task translation_structural")
+    depth, tin, tout = (ctx.side_data[name] for name in PARSE)
+    return depth, tin, tout
+
+
 @dataclass(frozen=True)
 class StructuralBuckets(RelativeBuckets):
-    """``(batch, tgt_len, src_len)``: ``rel_stru(i, j) + r`` (the context clips to ``[-r, r]``)."""
+    """``(batch, tgt_len, src_len)``: ``rel_stru(i, j) + r``, ``rel_stru`` clipped to ``[-r, r]``."""
 
     clip: int
     tgt_len: int
     src_len: int
 
     def build(self, ctx: PositionContext) -> Tensor:
-        return ctx.structural_buckets(self.tgt_len, self.src_len) + self.clip
+        relative = structural_relative(*parse_of(ctx), self.clip)
+        return relative[:, self.src_len - self.tgt_len : self.src_len, : self.src_len] + self.clip
 
 
 class StructuralRelativeEmbeddings(RelativePositionEmbeddings):

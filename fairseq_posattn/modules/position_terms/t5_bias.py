@@ -24,14 +24,12 @@ from torch import Tensor, nn
 
 from fairseq_posattn.modules.position_context import PositionContext, Preparation
 from fairseq_posattn.modules.position_terms.base import AdditiveLogitBias, ScoreMod, captured, lookup
+from fairseq_posattn.modules.position_terms.quantities import CURVE, TABLE, Quantity
 from fairseq_posattn.modules.position_terms.registry import (
-    CURVE,
-    TABLE,
     LayerSpec,
     MethodOption,
     PositionMethod,
     PositionOptionError,
-    Quantity,
     register,
 )
 

@@ -12,14 +12,8 @@ import torch
 from torch import Tensor, nn
 
 from fairseq_posattn.modules.position_terms.base import ProjectionScaling
-from fairseq_posattn.modules.position_terms.registry import (
-    BARS,
-    LayerSpec,
-    MethodOption,
-    PositionMethod,
-    Quantity,
-    register,
-)
+from fairseq_posattn.modules.position_terms.quantities import BARS, Quantity
+from fairseq_posattn.modules.position_terms.registry import LayerSpec, MethodOption, PositionMethod, register
 
 
 class LearnableTemperature(ProjectionScaling):

@@ -38,13 +38,12 @@ from torch import Tensor, nn
 
 from fairseq_posattn.modules.position_context import PositionContext, Preparation
 from fairseq_posattn.modules.position_terms.base import QueryKeyTransform, at_least_fp32
+from fairseq_posattn.modules.position_terms.quantities import CURVE, Quantity
 from fairseq_posattn.modules.position_terms.registry import (
-    CURVE,
     LayerSpec,
     MethodOption,
     PositionMethod,
     PositionOptionError,
-    Quantity,
     register,
 )
 from fairseq_posattn.modules.position_terms.rotary import rotary_frequencies, rotate_pairs, rotation_tables

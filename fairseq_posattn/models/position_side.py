@@ -1,0 +1,131 @@
+"""A position-aware side's protocol, in one object that the encoder, the decoder (and language model) and the
+tagger share.
+
+A side (encoder, decoder, tagger) whose options ask for position terms does the same things with them: it
+checks each batch's length against the positions its terms were built for, builds the batch's
+:class:`~fairseq_posattn.modules.position_context.PositionContext` (the only place a model builds one),
+records the options that make its function in its weights (:class:`PositionOptionsRecord`), owns the modules
+its layers' terms share and upgrades older weights of them, and wraps its layers for activation checkpointing
+and FSDP exactly as fairseq wraps its own. :class:`PositionSide` does them; the sides only call it.
+
+**A side owns what its layers share.** A module that the terms of several layers read (T5's table,
+``LayerSpec.shared``) is registered once, on the side, in ``position_shared``, and the terms read it without
+registering it: the state dict holds it once, as ``{side}.position_shared.{name}``. Weights saved when every
+layer registered it are upgraded when they load (:func:`upgrade_shared`).
+"""
+
+from typing import Any, Dict, List, Mapping, Optional
+
+import torch
+from fairseq.distributed import fsdp_wrap
+from fairseq.modules.checkpoint_activations import checkpoint_wrapper
+from torch import Tensor, nn
+
+from fairseq_posattn.models.position_options import SidePositionOptions
+from fairseq_posattn.models.position_record import PositionOptionsRecord
+from fairseq_posattn.modules.position_context import PositionContext, SequenceTables
+from fairseq_posattn.modules.position_terms.base import PositionTerm
+from fairseq_posattn.user_errors import UserError
+
+
+class PositionSide:
+    """The position protocol of one side of a model (module docstring).
+
+    Args:
+        options: the side's position options.
+        right_padded: the side's batches are padded on the right only (fairseq's target and language-model
+            batches), so token positions are indices; False computes them from the padding.
+        causal: the side is causal (a decoder, a language model).
+    """
+
+    def __init__(self, options: SidePositionOptions, right_padded: bool, causal: bool):
+        self.options, self.right_padded, self.causal = options, right_padded, causal
+
+    def wrap(self, layer: nn.Module, cfg: Any) -> nn.Module:
+        """``layer`` wrapped for activation checkpointing and FSDP as fairseq's ``build_*_layer`` do."""
+        return wrap_layer(layer, cfg)
+
+    def attach(self, owner: nn.Module) -> None:
+        """Register on ``owner``, once its layers are built, the record of its options
+        (``position_record``) and the modules its layers' terms share (``position_shared``)."""
+        owner.position_record = PositionOptionsRecord.of_side(self.options)
+        owner.position_shared = nn.ModuleDict(self.options.shared)
+
+    def upgrade(self, owner: nn.Module, state_dict: Dict[str, Tensor], name: str) -> None:
+        """Weights from before the side owned its layers' shared modules (:func:`upgrade_shared`)."""
+        upgrade_shared(owner, state_dict, name)
+
+    def context(self, tokens: Tensor, padding_idx: int, side_data: Optional[Mapping[str, Tensor]] = None,
+                tables: Optional[SequenceTables] = None) -> PositionContext:
+        """The batch's context, after checking its length (an error naming the option to raise)."""
+        self.options.check_length(tokens.size(1))
+        return PositionContext.from_tokens(tokens, padding_idx, self.right_padded, side_data, tables, self.causal)
+
+
+def add_layer_wrapping_args(parser: Any) -> None:
+    """fairseq's transformer options for checkpointing and FSDP-wrapping layers, for the models that
+    build their own layer stacks (the tagger, the classifier)."""
+    parser.add_argument("--checkpoint-activations", action="store_true",
+                        help="checkpoint each layer's activations (recomputed in the backward pass)")
+    parser.add_argument("--offload-activations", action="store_true",
+                        help="checkpoint each layer's activations and keep its inputs on the CPU (sets "
+                        "--checkpoint-activations)")
+    parser.add_argument("--min-params-to-wrap", type=int, metavar="N",
+                        help="with --ddp-backend fully_sharded: wrap layers of at least N parameters")
+
+
+def set_layer_wrapping_defaults(args: Any) -> None:
+    """fairseq's defaults of :func:`add_layer_wrapping_args`' options, where unset, and its rule that
+    ``--offload-activations`` sets ``--checkpoint-activations`` (as fairseq's ``transformer`` and
+    ``transformer_lm`` architectures do)."""
+    for name, default in (("checkpoint_activations", False), ("offload_activations", False),
+                          ("min_params_to_wrap", int(1e8))):
+        if getattr(args, name, None) is None:
+            setattr(args, name, default)
+    if args.offload_activations:
+        args.checkpoint_activations = True
+
+
+def wrap_layer(layer: nn.Module, cfg: Any) -> nn.Module:
+    """Activation checkpointing and FSDP wrapping exactly as fairseq's ``build_*_layer`` do."""
+    checkpoint = cfg.checkpoint_activations
+    if checkpoint:
+        layer = checkpoint_wrapper(layer, offload_to_cpu=cfg.offload_activations)
+    min_params_to_wrap = cfg.min_params_to_wrap if not checkpoint else 0
+    return fsdp_wrap(layer, min_num_params=min_params_to_wrap)
+
+
+class SharedCopiesDifferError(UserError, ValueError):
+    """Weights from before the side owned a shared module, whose layers hold different copies of it."""
+
+
+def upgrade_shared(side: nn.Module, state_dict: Dict[str, Tensor], name: str) -> None:
+    """Weights saved when every layer registered the side's shared modules (e.g. T5's table under
+    ``layers.{i}.self_attn.additive_terms.{j}.table``): keep the first layer's copy, under
+    ``{name}.position_shared``, after checking that every layer's copy equals it, and drop the others.
+    Each term that reads a side-wide module names its earlier keys (``legacy_keys()``)."""
+    prefix = f"{name}." if name else ""
+    for key, copies in legacy_copies(side, prefix).items():
+        found = [copy for copy in copies if copy in state_dict]
+        if not found:
+            continue
+        first = state_dict[found[0]]
+        for copy in found[1:]:
+            if not torch.equal(state_dict[copy], first):
+                raise SharedCopiesDifferError(
+                    f"the checkpoint's {copy} differs from {found[0]}: these weights were not saved from "
+                    f"one table shared by the layers, so they cannot become the side's {key}")
+        state_dict[key] = first
+        for copy in found:
+            del state_dict[copy]
+
+
+def legacy_copies(side: nn.Module, prefix: str) -> Dict[str, List[str]]:
+    """Each shared module's key -> the keys its layers' copies had, in layer order (from the terms
+    that read a shared module, by their ``legacy_keys()``)."""
+    copies: Dict[str, List[str]] = {}
+    for path, term in side.named_modules():
+        if isinstance(term, PositionTerm):
+            for old, new in term.legacy_keys().items():
+                copies.setdefault(f"{prefix}position_shared.{new}", []).append(f"{prefix}{path}.{old}")
+    return copies
