@@ -92,7 +92,7 @@ class ForgetGateMethod(PositionMethod):
     )
     benchmark_target = "additive"
     variants = {"forget-gate": {"forget_gate": True}}
-    labels = {"forget-gate": "FoX (forget gate)"}
+    labels = {"forget-gate": "FoX"}
     combined = {"forget_gate": True}
 
     def is_on(self, options: Any) -> bool:
