@@ -11,7 +11,8 @@ trees) and the vanilla references are listed here.
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, FrozenSet, List, Mapping, Optional, Tuple
 
-from fairseq_posattn.modules.position_terms.registry import REGISTRY, PositionMethod, variant_flags, variant_label
+from fairseq_posattn.modules.position_terms.catalogue import variant_flags, variant_label
+from fairseq_posattn.modules.position_terms.registry import REGISTRY, PositionMethod
 
 VANILLA_ARCH = "transformer_iwslt_de_en"
 POSATTN_ARCH = "transformer_posattn_iwslt_de_en"
