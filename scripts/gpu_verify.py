@@ -239,7 +239,7 @@ def check_configuration(configuration: Configuration, sizes: Sizes, device_name:
         attn.kernel = "flex" if path == FLEX else "auto"
         found = []
         for lengths in sizes.flex_lengths if path == FLEX else sizes.lengths:
-            ctx = PositionContext.example(lengths, right, causal, "structural" in name, device)
+            ctx = PositionContext.example(lengths, right, causal, device, attn.all_terms())
             found.append((compare_paths(attn, path, ctx, dtype, gradients=mode == "training"), lengths))
         worst, at = max(found, key=lambda item: item[0].largest[1])
         check = [c.seconds for c, lengths in found if lengths == CHECK_LENGTHS] or [found[-1][0].seconds]
@@ -432,7 +432,7 @@ def compilations(report: Report, sizes: Sizes, device: Any, budget: float, log: 
         started = time.monotonic()
         for sentences, length in translation_batches(sizes.batches, sizes.max_tokens):
             lengths = [length] + [max(1, length - 1 - i % 7) for i in range(sentences - 1)]
-            ctx = PositionContext.example(lengths, causal, causal, "structural" in name, device)
+            ctx = PositionContext.example(lengths, causal, causal, device, attn.all_terms())
             x = torch.randn(length, len(lengths), sizes.heads * sizes.head_dim, device=device, dtype=dtype,
                             requires_grad=attn.training)
             mask = torch.triu(torch.full((length, length), float("-inf"), device=device, dtype=dtype), 1)

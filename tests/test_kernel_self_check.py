@@ -16,8 +16,9 @@ import torch
 from fairseq_posattn.modules import attention, kernel_self_check
 from fairseq_posattn.modules.attention import FLEX, SDPA
 from fairseq_posattn.modules.kernel_self_check import FusedKernelMismatch, compare_paths, forget_verdicts
-from fairseq_posattn.modules.position_context import PositionContext, binary_tree_side_data
-from fairseq_posattn.modules.position_terms.structural import PARSE
+from fairseq_posattn.modules.position_context import PositionContext
+from fairseq_posattn.modules.position_terms.structural import PARSE, StructuralRelativeEmbeddings, \
+    binary_tree_side_data
 from cli_helpers import error_line, preprocess_in_process
 from faulty_kernels import nan_gradient_sdpa, shifted_flex, uncompilable_flex
 from model_helpers import REPO, USER_DIR
@@ -59,12 +60,17 @@ def test_the_tree_of_the_check_batch_nests_as_its_heap_order_says():
 
 @pytest.mark.parametrize("right_padded,causal", [(False, False), (True, False), (True, True)])
 def test_the_check_batch_is_padded_as_the_side_pads(right_padded, causal):
-    ctx = PositionContext.example((9, 4), right_padded, causal, parsed=True, device=CPU)
+    """The check's batch is padded as the side pads, causal as the side is, and carries the side data its terms
+    need: a structural term's parse, on the real tokens only."""
+    structural = StructuralRelativeEmbeddings(head_dim=4, clip=2)
+    ctx = PositionContext.example((9, 4), right_padded, causal, CPU, [structural])
     assert ctx.padding_mask.sum(dim=1).tolist() == [0, 5]
     assert bool(ctx.padding_mask[1, 0]) == (not right_padded)
     assert ctx.causal == causal and (ctx.positions is None) == right_padded
     assert sorted(ctx.side_data) == sorted(PARSE)
-    assert not PositionContext.example((9, 4), right_padded, causal, parsed=False, device=CPU).side_data
+    tin = ctx.side_data["tin"][1]
+    assert tin[ctx.padding_mask[1]].eq(-1).all() and tin[~ctx.padding_mask[1]].tolist() == binary_tree_side_data(4)[1]
+    assert not PositionContext.example((9, 4), right_padded, causal, CPU).side_data
 
 
 @pytest.mark.parametrize("variant", sorted(FUSABLE))
@@ -73,7 +79,7 @@ def test_every_flex_form_passes_the_check_on_the_cpu(variant, causal):
     """flex_attention's CPU implementation (forward; torch has no CPU backward) at the check's lengths,
     padded to its block, against the explicit path."""
     attn = build_attention(FUSABLE[variant], causal)
-    ctx = PositionContext.example((9, 6), right_padded=causal, causal=causal, parsed=False, device=CPU)
+    ctx = PositionContext.example((9, 6), right_padded=causal, causal=causal, device=CPU)
     comparison = compare_paths(attn, FLEX, ctx, torch.float64, gradients=False)
     assert comparison.agrees and comparison.largest[1] < 1e-12, comparison
 
@@ -82,7 +88,7 @@ def test_every_flex_form_passes_the_check_on_the_cpu(variant, causal):
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
 def test_every_sdpa_form_passes_the_check_with_its_gradients(variant, dtype):
     attn = build_attention(SDPA_VARIANTS[variant], causal=True).to(dtype).train()
-    ctx = PositionContext.example((9, 6), True, True, parsed=False, device=CPU)
+    ctx = PositionContext.example((9, 6), True, True, device=CPU)
     comparison = compare_paths(attn, SDPA, ctx, dtype, gradients=True)
     learned = {name for name in comparison.errors if name.startswith("grad ") and "." in name}
     assert learned == {f"grad {name}" for name, _ in attn.learned_position_parameters()}

@@ -9,10 +9,10 @@ kernel checks itself where it runs:
 
 The first time a configuration takes a fused path in a process, :func:`fused_path_agrees` runs that
 path and the explicit path on a random batch of awkward lengths (:data:`CHECK_LENGTHS`, padded as the
-side pads, with the side's causality and side data) and compares the outputs and, for a layer in
+side pads, with the side's causality and the side data its terms need) and compares the outputs and, for a layer in
 training mode, the gradients of the queries, keys, values and every learned position parameter the
 path reads, with a tolerance by dtype. A configuration is everything the kernels see: the layer's
-terms and their sizes, the path, dtype, device, causality, padding side, side data and training
+terms and their sizes, the path, dtype, device, causality, padding side and training
 mode; the layers of one configuration share one check. A fused path that fails to run (a compilation
 error, such as Triton's "No valid triton configs" where the kernel needs more shared memory than the GPU
 has) counts as a mismatch. On a mismatch or a non-finite value, ``--{side}-attention-self-check``:
@@ -163,7 +163,7 @@ def compare_paths(attn: nn.Module, path: str, ctx: PositionContext, dtype: torch
 def configuration_key(attn: nn.Module, path: str, ctx: PositionContext, dtype: torch.dtype) -> Hashable:
     """What the kernels of one call see, besides the batch's sizes (see the module docstring)."""
     return (attn.configuration(), path, dtype, ctx.padding_mask.device, ctx.causal, ctx.positions is None,
-            bool(ctx.side_data), attn.training)
+            attn.training)
 
 
 #: the verdict of every configuration checked in this process
@@ -187,7 +187,7 @@ def fused_path_agrees(attn: nn.Module, path: str, ctx: PositionContext, dtype: t
 def self_check(attn: nn.Module, path: str, ctx: PositionContext, dtype: torch.dtype) -> bool:
     """Compare ``path`` with the explicit path once on the check's batch; say what was found."""
     example = PositionContext.example(check_lengths(attn), ctx.positions is None, ctx.causal,
-                                      bool(ctx.side_data), ctx.padding_mask.device)
+                                      ctx.padding_mask.device, attn.all_terms())
     comparison = compare_paths(attn, path, example, dtype, gradients=attn.training)
     name, error = comparison.largest
     what = (f"{attn.where}: the {path} kernel against the explicit path ({describe(dtype, ctx, attn.training)}, "

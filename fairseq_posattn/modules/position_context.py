@@ -35,7 +35,7 @@ Derived tensors are built once where they cannot change:
 """
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Hashable, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Hashable, Mapping, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
@@ -193,23 +193,19 @@ class PositionContext:
         return cls.from_padding(torch.zeros(1, length, dtype=torch.bool, device=device), True, causal=causal)
 
     @classmethod
-    def example(cls, lengths: Sequence[int], right_padded: bool, causal: bool, parsed: bool,
-                device: torch.device) -> "PositionContext":
+    def example(cls, lengths: Sequence[int], right_padded: bool, causal: bool, device: torch.device,
+                terms: Sequence[Any] = ()) -> "PositionContext":
         """A padded batch of sentences of ``lengths`` tokens shaped as a side's batches are: padded on its
-        side, causal or not, and ``parsed`` where the side's batches carry a parse as side data (a
-        complete binary tree of two-piece words, EOS last). The kernel self-check's and the GPU
-        verification's batch (no tokens needed)."""
+        side, causal or not, with the per-token side data that ``terms`` need for it (each term's
+        ``example_side_data(padding_mask)``). The kernel self-check's and the GPU verification's batch (no
+        tokens needed)."""
         longest = max(lengths)
         padding = torch.ones(len(lengths), longest, dtype=torch.bool)
-        side_data = {name: torch.full((len(lengths), longest), -1, dtype=torch.long) for name in ("depth", "tin", "tout")}
         for row, length in enumerate(lengths):
-            tokens = slice(0, length) if right_padded else slice(longest - length, longest)
-            padding[row, tokens] = False
-            for name, values in zip(("depth", "tin", "tout"), binary_tree_side_data(length)):
-                side_data[name][row, tokens] = torch.tensor(values)
-        side_data["depth"].clamp_(min=0)
-        parse = {name: values.to(device) for name, values in side_data.items()} if parsed else None
-        return cls.from_padding(padding.to(device), right_padded, parse, causal=causal)
+            padding[row, slice(0, length) if right_padded else slice(longest - length, longest)] = False
+        padding = padding.to(device)
+        side_data = {name: values for term in terms for name, values in term.example_side_data(padding).items()}
+        return cls.from_padding(padding, right_padded, side_data, causal=causal)
 
     def prepared(self, preparation: Preparation) -> Any:
         """``preparation.build(self)``, built once per batch and shared by every layer that declares
@@ -284,21 +280,3 @@ def index_differences(length: int, device: torch.device) -> Tensor:
     """``(length, length)`` long ``i - j`` of query index i and key index j."""
     index = torch.arange(length, device=device)
     return index[:, None] - index[None, :]
-
-
-def binary_tree_side_data(length: int) -> Tuple[List[int], List[int], List[int]]:
-    """``depth``, ``tin``, ``tout`` of ``length`` tokens: two BPE pieces per word, the words a complete
-    binary tree in heap order (word w's head is word (w - 1) // 2), the last token EOS (``tin = -1``)."""
-    words = [token // 2 for token in range(length - 1)]
-    count = length // 2  # words of the length - 1 pieces
-    tin, tout, clock, stack = [0] * count, [0] * count, 0, [(0, False)] if count else []
-    while stack:  # a depth-first walk: entry and exit times of every word
-        word, leaving = stack.pop()
-        if leaving:
-            tout[word], clock = clock, clock + 1
-            continue
-        tin[word], clock = clock, clock + 1
-        stack.append((word, True))
-        stack.extend((child, False) for child in (2 * word + 2, 2 * word + 1) if child < count)
-    return ([(w + 1).bit_length() - 1 for w in words] + [0], [tin[w] for w in words] + [-1],
-            [tout[w] for w in words] + [-1])

@@ -146,6 +146,11 @@ class PositionTerm(nn.Module):
         once, e.g. T5's table); the kernel and posattn-inspect count them as the term's."""
         return []
 
+    def example_side_data(self, padding_mask: Tensor) -> Dict[str, Tensor]:
+        """The per-token side data, by name, that the term reads from a batch padded as ``padding_mask``
+        ``(batch, length)``, made up for an example batch (the kernel self-check's); {} for none."""
+        return {}
+
     def legacy_keys(self) -> Dict[str, str]:
         """State-dict keys of weights the term kept itself in older checkpoints -> their keys under
         the side's ``position_shared`` (the side upgrades them on load); {} for none."""

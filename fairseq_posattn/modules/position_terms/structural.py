@@ -7,7 +7,7 @@ positions come from the parse each batch carries as side data (:data:`PARSE`, in
 """
 
 from dataclasses import dataclass, replace
-from typing import Any, Callable, List, Tuple
+from typing import Any, Callable, Dict, List, Tuple
 
 import torch
 from torch import Tensor, nn
@@ -62,6 +62,38 @@ def parse_of(ctx: PositionContext) -> Tuple[Tensor, Tensor, Tensor]:
     return depth, tin, tout
 
 
+def binary_tree_side_data(length: int) -> Tuple[List[int], List[int], List[int]]:
+    """``depth``, ``tin``, ``tout`` of ``length`` tokens: two BPE pieces per word, the words a complete
+    binary tree in heap order (word w's head is word (w - 1) // 2), the last token EOS (``tin = -1``)."""
+    words = [token // 2 for token in range(length - 1)]
+    count = length // 2  # words of the length - 1 pieces
+    tin, tout, clock, stack = [0] * count, [0] * count, 0, [(0, False)] if count else []
+    while stack:  # a depth-first walk: entry and exit times of every word
+        word, leaving = stack.pop()
+        if leaving:
+            tout[word], clock = clock, clock + 1
+            continue
+        tin[word], clock = clock, clock + 1
+        stack.append((word, True))
+        stack.extend((child, False) for child in (2 * word + 2, 2 * word + 1) if child < count)
+    return ([(w + 1).bit_length() - 1 for w in words] + [0], [tin[w] for w in words] + [-1],
+            [tout[w] for w in words] + [-1])
+
+
+def example_parse(padding_mask: Tensor) -> Dict[str, Tensor]:
+    """:data:`PARSE` side data of a batch padded as ``padding_mask``: each sentence a complete binary tree of
+    two-piece words, EOS last (:func:`binary_tree_side_data`), ``tin = tout = -1`` and depth 0 at pads."""
+    batch, longest = padding_mask.shape
+    data = {name: torch.full((batch, longest), -1, dtype=torch.long) for name in PARSE}
+    real = ~padding_mask.cpu()
+    for row in range(batch):
+        tokens = real[row].nonzero().flatten()
+        for name, values in zip(PARSE, binary_tree_side_data(tokens.numel())):
+            data[name][row, tokens] = torch.tensor(values)
+    data["depth"].clamp_(min=0)
+    return {name: values.to(padding_mask.device) for name, values in data.items()}
+
+
 @dataclass(frozen=True)
 class StructuralBuckets(RelativeBuckets):
     """``(batch, tgt_len, src_len)``: ``rel_stru(i, j) + r``, ``rel_stru`` clipped to ``[-r, r]``."""
@@ -82,6 +114,10 @@ class StructuralRelativeEmbeddings(RelativePositionEmbeddings):
 
     def buckets(self, tgt_len: int, src_len: int) -> RelativeBuckets:
         return StructuralBuckets(self.clip, tgt_len, src_len)
+
+    def example_side_data(self, padding_mask: Tensor) -> Dict[str, Tensor]:
+        """A parse of every sentence (:func:`example_parse`)."""
+        return example_parse(padding_mask)
 
     def bucket_of(self, ctx: PositionContext, tgt_len: int, src_len: int) -> Callable[[Tensor, Tensor, Tensor], Tensor]:
         """``rel_stru(i, j) + r`` read from the batch's prepared buckets."""
