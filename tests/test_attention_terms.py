@@ -2,6 +2,7 @@
 (probabilities and outputs), on padded batches, for a bidirectional and a causal side."""
 
 import math
+from typing import List, Mapping, Sequence, Tuple
 
 import pytest
 import torch
@@ -10,10 +11,10 @@ from fairseq_posattn.models.position_options import SidePositionOptions, side_de
 from fairseq_posattn.modules.attention import SDPA, PositionAwareMultiheadAttention
 from fairseq_posattn.modules.position_context import PositionContext
 from fairseq_posattn.modules.position_terms.base import SequenceTooLongError, lookup
+from fairseq_posattn.modules.position_terms.catalogue import all_variants
 from fairseq_posattn.modules.position_terms.direct import circulant_bias
 from fairseq_posattn.modules.position_terms.distance_aware import DistanceAwareScaling
 from fairseq_posattn.modules.position_terms.relative_embeddings import RelativePositionEmbeddings
-from fairseq_posattn.modules.position_terms.catalogue import all_variants
 from model_helpers import COMBINED
 from reference_attention import randomize_, reference_attention, sentence_of
 
@@ -32,13 +33,18 @@ VARIANTS = {
 
 
 def on_side(variant: dict, causal: bool) -> dict:
-    """``variant``'s options that the side takes (causal: a decoder's, else an encoder's). A variant of
-    methods the side does not take (FoX and CoPE are causal only) is skipped, with that reason; the
-    all-at-once variants keep every method the side takes."""
-    if not applies(variant, causal):
-        pytest.skip(f"an encoder takes no {sorted(set(variant) - set(side_defaults('encoder')))} (causal only)")
+    """``variant``'s options that the side takes (causal: a decoder's, else an encoder's); the all-at-once
+    variants keep every method the side takes. A variant of methods the side does not take (FoX and CoPE are
+    causal only) is a mistake of the test's cases (:func:`side_cases`)."""
+    assert applies(variant, causal), f"an encoder takes no {sorted(set(variant) - set(side_defaults('encoder')))}"
     known = side_defaults("decoder" if causal else "encoder")
     return {name: value for name, value in variant.items() if name in known}
+
+
+def side_cases(variants: Mapping[str, dict], cases: Sequence[Tuple[bool, str]]) -> List[Tuple[str, bool, str]]:
+    """``(variant, causal, padding)`` of every variant with every case whose side takes it."""
+    return [(name, causal, padding) for name in sorted(variants) for causal, padding in cases
+            if applies(variants[name], causal)]
 
 
 def applies(variant: dict, causal: bool) -> bool:
@@ -89,8 +95,8 @@ def causal_mask(T: int) -> torch.Tensor:
     return torch.triu(torch.full((T, T), float("-inf"), dtype=torch.double), 1)
 
 
-@pytest.mark.parametrize("variant", sorted(VARIANTS))
-@pytest.mark.parametrize("causal,padding", [(False, "left"), (False, "right"), (True, "right")])
+@pytest.mark.parametrize("variant,causal,padding",
+                         side_cases(VARIANTS, [(False, "left"), (False, "right"), (True, "right")]))
 @torch.no_grad()
 def test_matches_reference(variant, causal, padding):
     assert_matches_reference(build_attention(VARIANTS[variant], causal), causal, padding)
@@ -153,8 +159,8 @@ def runs_fused(variant: str) -> bool:
     return build_attention(VARIANTS[variant], causal).path(False, torch.device("cpu"), False)[0] == SDPA
 
 
-@pytest.mark.parametrize("variant", sorted(filter(runs_fused, VARIANTS)))
-@pytest.mark.parametrize("causal,padding", [(False, "left"), (True, "right")])
+@pytest.mark.parametrize("variant,causal,padding", side_cases(
+    {name: VARIANTS[name] for name in filter(runs_fused, VARIANTS)}, [(False, "left"), (True, "right")]))
 def test_fused_path_equals_explicit_path(variant, causal, padding):
     """Query/key transforms, additive biases and temperature run through
     scaled_dot_product_attention unless weights are needed: both paths give one result."""

@@ -12,7 +12,8 @@ from fairseq_posattn.modules.attention import EXPLICIT, FLEX, SDPA, PositionAwar
     apply_densely
 from fairseq_posattn.modules.position_terms.base import AdditiveLogitBias
 from model_helpers import COMBINED
-from test_attention_terms import E, H, VARIANTS, AllAtOnce, applies, batch, build_attention, causal_mask, context
+from test_attention_terms import E, H, VARIANTS, AllAtOnce, applies, batch, build_attention, causal_mask, context, \
+    side_cases
 
 #: every variant whose terms all have a score_mod form, and all of them at once (keys-only Shaw)
 FUSABLE = {name: values for name, values in VARIANTS.items()
@@ -43,8 +44,7 @@ def case_inputs(attn, causal: bool, padding: str, dtype: torch.dtype):
     return x, q, k, ctx, attn_mask
 
 
-@pytest.mark.parametrize("variant", sorted(FUSABLE))
-@pytest.mark.parametrize("causal,padding", CASES)
+@pytest.mark.parametrize("variant,causal,padding", side_cases(FUSABLE, CASES))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_score_mod_equals_explicit_logits_and_their_gradients(variant, causal, padding, dtype):
     attn = build_attention(FUSABLE[variant], causal).to(dtype)
@@ -69,8 +69,7 @@ def test_score_mod_equals_explicit_logits_and_their_gradients(variant, causal, p
                                    atol=1e-12 if dtype == torch.float64 else 1e-5)
 
 
-@pytest.mark.parametrize("variant", sorted(FUSABLE))
-@pytest.mark.parametrize("causal,padding", CASES[:3])
+@pytest.mark.parametrize("variant,causal,padding", side_cases(FUSABLE, CASES[:3]))
 def test_flex_attention_equals_the_explicit_path_on_the_cpu(variant, causal, padding):
     """flex_attention's own CPU implementation (unfused), fp64: the module's output without gradients
     (torch has no flex backward on the CPU for queries, keys and values that need one), and the

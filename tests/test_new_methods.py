@@ -19,7 +19,7 @@ from fairseq_posattn.modules.position_terms.sandwich import SandwichBias
 from fairseq_posattn.modules.position_terms.xpos import XPosEmbedding
 from model_helpers import build_lm, build_model, randomized
 from test_attention_terms import (assert_gradients_match_finite_differences, assert_matches_reference, batch,
-                                  build_attention, causal_mask, context)
+                                  build_attention, causal_mask, context, side_cases)
 
 #: FIRE past its threshold (L = |m| 2, m random: most queries of a 7-token sentence are past it), xPos with
 #: a scale base of 4 (a decay of zeta^(d/4): strong within a sentence) and CoPE counting at most 2 positions
@@ -107,8 +107,8 @@ def test_xpos_logits_depend_on_the_distance_and_decay():
 
 
 # ------------------------------------------------------------------------ regimes the variants do not reach
-@pytest.mark.parametrize("regime", sorted(SHORT_REGIMES))
-@pytest.mark.parametrize("causal,padding", [(False, "left"), (False, "right"), (True, "right")])
+@pytest.mark.parametrize("regime,causal,padding",
+                         side_cases(SHORT_REGIMES, [(False, "left"), (False, "right"), (True, "right")]))
 @torch.no_grad()
 def test_short_regimes_match_the_references(regime, causal, padding):
     assert_matches_reference(build_attention(SHORT_REGIMES[regime], causal), causal, padding)
@@ -185,8 +185,7 @@ def test_xpos_needs_an_even_head_size():
         options.build_terms(0, 2, 3)
 
 
-@pytest.mark.parametrize("regime", sorted(SHORT_REGIMES))
-@pytest.mark.parametrize("causal,padding", [(False, "left"), (True, "right")])
+@pytest.mark.parametrize("regime,causal,padding", side_cases(SHORT_REGIMES, [(False, "left"), (True, "right")]))
 def test_gradients_match_finite_differences(regime, causal, padding):
     """FIRE's MLP, c and threshold, and the input through xPos, against finite differences (gradcheck's fast
     mode, as tests/test_attention_terms.py does for the other terms)."""
