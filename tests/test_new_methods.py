@@ -251,6 +251,7 @@ def test_flex_kernel_is_refused_for_contextual_positions():
 
 
 @pytest.mark.parametrize("flags", [["--encoder-forget-gate"], ["--encoder-cope", "8"]])
-def test_the_causal_only_methods_have_no_encoder_option(flags):
+def test_the_causal_only_methods_have_no_encoder_option(flags, capsys):
     with pytest.raises(SystemExit):
         build_model("transformer_posattn", flags)
+    assert f"unrecognized arguments: {' '.join(flags)}" in capsys.readouterr().err

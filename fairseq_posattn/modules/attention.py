@@ -365,11 +365,11 @@ class PositionAwareMultiheadAttention(MultiheadAttention):
     reference_path = EXPLICIT
 
     def path_output(self, path: str, q: Tensor, k: Tensor, v: Tensor, ctx: PositionContext,
-                    attn_mask: Optional[Tensor], x: Tensor) -> Tensor:
+                    attn_mask: Optional[Tensor], x: Optional[Tensor]) -> Tensor:
         """The ``(batch, heads, tgt_len, head_dim)`` output of ``path`` without dropout (the self-check's
         comparison; ``q`` scaled and transformed, ``k`` and ``v`` of every key, ``x`` the layer input
-        ``(tgt_len, batch, embed_dim)`` that the token-difference terms read)."""
-        values = self.token_values(x, ctx)
+        ``(tgt_len, batch, embed_dim)`` that the token-difference terms read, None for a layer without them)."""
+        values = [] if x is None else self.token_values(x, ctx)
         if path == EXPLICIT:
             return self._attend_explicitly(q, k, v, ctx, attn_mask, None, values, dropout=False)[0]
         if path == FLEX:

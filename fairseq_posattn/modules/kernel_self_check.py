@@ -128,14 +128,14 @@ def compare_paths(attn: nn.Module, path: str, ctx: PositionContext, dtype: torch
 
     qkv = [draw(batch, attn.num_heads, length, attn.head_dim).requires_grad_(gradients) for _ in range(3)]
     qkv[0] = qkv[0].detach().mul_(attn.head_dim ** -0.5).requires_grad_(gradients)  # scaled, as projected
-    layer_input = draw(length, batch, attn.embed_dim).requires_grad_(gradients)  # what token values are made of
     real_rows = ~ctx.padding_mask[:, None, :, None]
     weights = draw(batch, attn.num_heads, length, attn.head_dim).masked_fill(~real_rows, 0)
     attn_mask = causal_mask(length, dtype, device) if ctx.causal else None
     parameters = attn.learned_position_parameters()
-    reads_input = len(attn.token_difference_terms) > 0
-    inputs = [*qkv, *([layer_input] if reads_input else []), *(parameter for _, parameter in parameters)]
-    names = ["q", "k", "v", *(["x"] if reads_input else []), *(name for name, _ in parameters)]
+    # the layer input, only where token-difference terms make their values of it
+    layer_input = draw(length, batch, attn.embed_dim).requires_grad_(gradients) if attn.token_difference_terms else None
+    inputs = [*qkv, *([] if layer_input is None else [layer_input]), *(parameter for _, parameter in parameters)]
+    names = ["q", "k", "v", *([] if layer_input is None else ["x"]), *(name for name, _ in parameters)]
 
     def run(kernel_path: str) -> List[Tensor]:
         out = attn.path_output(kernel_path, *qkv, ctx, attn_mask, layer_input)
