@@ -1,13 +1,20 @@
 """Build small models through fairseq's own argument parsing, as fairseq-train does."""
 
 import os
-from typing import Any, Dict, List, Mapping
+from typing import Any, Dict, List, Mapping, Optional, Sequence
+
+import torch
 
 from fairseq.data import Dictionary
 
 from fairseq_posattn.models import building
 from fairseq_posattn.modules.attention import PositionAwareMultiheadAttention
-from fairseq_posattn.modules.position_terms.catalogue import all_variants, combined_options, variant_flags
+from fairseq_posattn.modules.position_terms.catalogue import (
+    all_side_data,
+    all_variants,
+    combined_options,
+    variant_flags,
+)
 from fairseq_posattn.modules.position_terms.registry import SIDES
 from reference_attention import randomize_
 
@@ -28,14 +35,26 @@ TINY = [
 ]
 
 
-class TinyTask:
-    """What ``build_model`` reads from a translation task: the two dictionaries."""
+#: the side data that registered methods read from batches, by ``net_input`` key (a parse, ...)
+SIDE_DATA = all_side_data()
 
-    def __init__(self, vocab_size: int = 20):
+
+class TinyTask:
+    """What ``build_model`` reads from a translation task: the two dictionaries, and the keys of the side data
+    its batches carry (by default every registered method's, as the tests' batches do: :func:`side_inputs`)."""
+
+    def __init__(self, vocab_size: int = 20, collated_side_data: Optional[Sequence[str]] = None):
         self.source_dictionary = Dictionary()
         for i in range(vocab_size):
             self.source_dictionary.add_symbol(f"w{i}")
         self.target_dictionary = self.source_dictionary
+        self.collated_side_data = tuple(SIDE_DATA if collated_side_data is None else collated_side_data)
+
+
+def side_inputs(tokens: torch.Tensor, pad: int = 1) -> Dict[str, torch.Tensor]:
+    """Every registered method's side data for a batch of ``tokens`` ``(batch, length)``, collated as a task
+    collates it (each method's example data, padded as the tokens are): the model reads what its methods need."""
+    return {key: data.collate(tokens.eq(pad)) for key, data in SIDE_DATA.items()}
 
 
 def parse_model_args(arch: str, extra: List[str], tiny: List[str] = TINY):

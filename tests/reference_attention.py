@@ -2,10 +2,14 @@
 
 Deliberately naive (Python loops over heads, queries and keys; no padding tricks): it works on the
 real tokens of one sentence only, so agreeing with it also shows that padding changes nothing.
+
+:func:`reference_attention` is the order of operations of one head, kind by kind; it names no method. Each
+kind finds a term's reference in its table (``REFERENCE_*``), by the term's class: a new method adds its own
+to the table of its kind, written from its paper, not from its code.
 """
 
 import math
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -13,19 +17,74 @@ from torch import Tensor
 from fairseq_posattn.modules.attention import PositionAwareMultiheadAttention
 from fairseq_posattn.modules.position_terms.alibi import LinearDistanceBias
 from fairseq_posattn.modules.position_terms.contextual import ContextualPositionBias
+from fairseq_posattn.modules.position_terms.convolution import ConvolvedAttention1d, ConvolvedAttention2d
 from fairseq_posattn.modules.position_terms.direct import DirectAbsolutePositionBias, DirectRelativePositionBias
+from fairseq_posattn.modules.position_terms.distance_aware import DistanceAwareScaling
 from fairseq_posattn.modules.position_terms.fire import FireBias
 from fairseq_posattn.modules.position_terms.forget_gate import ForgetGateBias
 from fairseq_posattn.modules.position_terms.kerple import KerpleBias
+from fairseq_posattn.modules.position_terms.relative_embeddings import RelativePositionEmbeddings
 from fairseq_posattn.modules.position_terms.rotary import RotaryEmbedding
 from fairseq_posattn.modules.position_terms.sandwich import SandwichBias
 from fairseq_posattn.modules.position_terms.t5_bias import T5RelativeBias
+from fairseq_posattn.modules.position_terms.temperature import LearnableTemperature
 from fairseq_posattn.modules.position_terms.xpos import XPosEmbedding
+
+
+class References(dict):
+    """One kind's references by class of term, ``{class: function}``. Called with a term and the kind's
+    arguments, it calls the function of the term's class with them; a LookupError names the table to add one
+    to where the class has none."""
+
+    def __init__(self, name: str, references: Dict[type, Callable[..., Any]]):
+        super().__init__(references)
+        self.name = name
+
+    def __call__(self, term, *args: Any) -> Any:
+        if type(term) not in self:
+            raise LookupError(f"no independent reference for {type(term).__name__}: add one to {self.name} "
+                              "in tests/reference_attention.py")
+        return self[type(term)](term, *args)
+
+
+def _temperature(term, h: int, weights: Tuple[Tensor, Tensor, Tensor]) -> Tuple[Tensor, Tensor, Tensor]:
+    """Learnable temperature (Dufter et al. 2020, section 2.4): head h's rows of W_q, W_k, W_v times its
+    gamma_q, gamma_k, gamma_v (the biases unscaled)."""
+    return tuple(weight * term.gamma[row, h] for row, weight in enumerate(weights))
+
+
+#: the projection scalings, ``(term, h, (W_q, W_k, W_v)) -> (W_q, W_k, W_v)``: head h's rows of the
+#: projection weights as applied
+REFERENCE_PROJECTIONS = References("REFERENCE_PROJECTIONS", {LearnableTemperature: _temperature})
 
 
 def _f_distance(x: float, v: float) -> float:
     """DA-Transformer's f(x; v) = (1 + exp(v)) / (1 + exp(v - x)), in the paper's form."""
     return (1 + math.exp(v)) / (1 + math.exp(v - x))
+
+
+def _distance_aware(term, e: float, h: int, i: int, j: int) -> float:
+    """DA-Transformer (Wu et al. 2021, eq. 5 and 6): ReLU(e) * f(w_h |i - j|; v_h)."""
+    w, vv = float(term.w[h]), float(term.v[h])
+    return max(e, 0.0) * _f_distance(w * abs(i - j), vv)
+
+
+#: the logit scalings, ``(term, e, h, i, j) -> float``: the scaled content logit ``e`` of head h, query i and
+#: key j, rescaled
+REFERENCE_SCALINGS = References("REFERENCE_SCALINGS", {DistanceAwareScaling: _distance_aware})
+
+
+def _shaw(term, i: int, j: int) -> Tuple[Tensor, Optional[Tensor]]:
+    """Shaw et al. 2018 (section 3): a^K and a^V of the clipped distance clip(j - i, -k, k); no a^V for the
+    keys-only ablation."""
+    c = term.clip
+    bucket = max(-c, min(c, j - i)) + c
+    return term.key_table[bucket], (term.value_table[bucket] if term.values else None)
+
+
+#: the key/value augmentations, ``(term, i, j) -> (a^K_ij, a^V_ij)``: the vectors added to key j and to value j
+#: for query i (``a^V_ij`` None: the term has no value term)
+REFERENCE_KEY_VALUES = References("REFERENCE_KEY_VALUES", {RelativePositionEmbeddings: _shaw})
 
 
 def _t5_bucket(distance: int, buckets: int, max_distance: int, bidirectional: bool) -> int:
@@ -96,21 +155,13 @@ def _fire(term, h: int, i: int, j: int, causal: bool) -> float:
     return out
 
 
-#: the additive terms' biases for head h, query i, key j (token positions of one sentence), by class
-#: of term; a new additive method adds its own, written from its paper, not from its code
-REFERENCE_BIASES: Dict[type, Callable[[Any, int, int, int, bool], float]] = {
+#: the additive biases, ``(term, h, i, j, causal) -> float``: the bias of head h, query i and key j (token
+#: positions of one sentence); a new additive method adds its own, written from its paper, not from its code
+REFERENCE_BIASES = References("REFERENCE_BIASES", {
     T5RelativeBias: _t5, LinearDistanceBias: _alibi,
     DirectAbsolutePositionBias: _direct_absolute, DirectRelativePositionBias: _direct_relative,
     KerpleBias: _kerple, SandwichBias: _sandwich, FireBias: _fire,
-}
-
-
-def _additive(term, h: int, i: int, j: int, causal: bool) -> float:
-    """One additive term's bias (:data:`REFERENCE_BIASES`)."""
-    if type(term) not in REFERENCE_BIASES:
-        raise LookupError(f"no independent reference for {type(term).__name__}: add one to REFERENCE_BIASES "
-                          "in tests/reference_attention.py")
-    return REFERENCE_BIASES[type(term)](term, h, i, j, causal)
+})
 
 
 def _forget_gate(term, x: Tensor, h: int, i: int, j: int) -> float:
@@ -122,15 +173,9 @@ def _forget_gate(term, x: Tensor, h: int, i: int, j: int) -> float:
     return total
 
 
-#: the token-difference terms' biases for head h, query i, key j of the sentence whose layer input is x
-REFERENCE_TOKEN_BIASES: Dict[type, Callable[[Any, Tensor, int, int, int], float]] = {ForgetGateBias: _forget_gate}
-
-
-def _token_bias(term, x: Tensor, h: int, i: int, j: int) -> float:
-    if type(term) not in REFERENCE_TOKEN_BIASES:
-        raise LookupError(f"no independent reference for {type(term).__name__}: add one to REFERENCE_TOKEN_BIASES "
-                          "in tests/reference_attention.py")
-    return REFERENCE_TOKEN_BIASES[type(term)](term, x, h, i, j)
+#: the token-difference biases, ``(term, x, h, i, j) -> float``: the bias of head h, query i and key j of the
+#: sentence whose layer input is x
+REFERENCE_TOKEN_BIASES = References("REFERENCE_TOKEN_BIASES", {ForgetGateBias: _forget_gate})
 
 
 def _contextual_row(term, row: Tensor, query: Tensor) -> Tensor:
@@ -149,15 +194,9 @@ def _contextual_row(term, row: Tensor, query: Tensor) -> Tensor:
     return out
 
 
-#: the row-dependent terms, given one query's row of logits and its (unscaled) query vector
-REFERENCE_ROW_BIASES: Dict[type, Callable[[Any, Tensor, Tensor], Tensor]] = {ContextualPositionBias: _contextual_row}
-
-
-def _row_bias(term, row: Tensor, query: Tensor) -> Tensor:
-    if type(term) not in REFERENCE_ROW_BIASES:
-        raise LookupError(f"no independent reference for {type(term).__name__}: add one to REFERENCE_ROW_BIASES "
-                          "in tests/reference_attention.py")
-    return REFERENCE_ROW_BIASES[type(term)](term, row, query)
+#: the row-dependent biases, ``(term, row, query) -> row``: one query's row of logits (-inf where it may not
+#: look) with the bias added, given its (unscaled) query vector
+REFERENCE_ROW_BIASES = References("REFERENCE_ROW_BIASES", {ContextualPositionBias: _contextual_row})
 
 
 def _rotated(vector: Tensor, position: int) -> Tensor:
@@ -186,14 +225,82 @@ def _xposed(vector: Tensor, position: int, scale_base: int, query: bool) -> Tens
     return out
 
 
-def _transformed(term, vectors: Tensor, query: bool) -> Tensor:
-    """The query/key transform ``term`` of the rows of ``vectors`` (row p at position p), by its paper."""
-    if isinstance(term, RotaryEmbedding):
-        return torch.stack([_rotated(v, p) for p, v in enumerate(vectors)])
-    if isinstance(term, XPosEmbedding):
-        return torch.stack([_xposed(v, p, term.scale_base, query) for p, v in enumerate(vectors)])
-    raise LookupError(f"no independent reference for {type(term).__name__}: add one to _transformed in "
-                      "tests/reference_attention.py")
+def _rope(term, vectors: Tensor, query: bool) -> Tensor:
+    return torch.stack([_rotated(v, p) for p, v in enumerate(vectors)])
+
+
+def _xpos(term, vectors: Tensor, query: bool) -> Tensor:
+    return torch.stack([_xposed(v, p, term.scale_base, query) for p, v in enumerate(vectors)])
+
+
+#: the query/key transforms, ``(term, vectors, query) -> vectors``: the transformed rows of ``vectors`` (row p
+#: at position p; ``query``: they are queries, else keys)
+REFERENCE_TRANSFORMS = References("REFERENCE_TRANSFORMS", {RotaryEmbedding: _rope, XPosEmbedding: _xpos})
+
+
+def _query_offsets(k: int, causal: bool) -> List[int]:
+    """A k-tap filter's query-axis offsets: a centred window, or the current and k - 1 earlier rows when causal."""
+    half = k // 2
+    return [a - (k - 1) for a in range(k)] if causal else [a - half for a in range(k)]
+
+
+def _entry(S: Tensor, i: int, j: int) -> float:
+    """``S[i, j]``, zero outside the matrix."""
+    L = S.size(0)
+    return float(S[i, j]) if 0 <= i < L and 0 <= j < L else 0.0
+
+
+def _rectified(out: Tensor, causal: bool) -> Tensor:
+    """ReLU of the convolution's sums, then masked again."""
+    out = torch.relu(out)
+    if causal:
+        out = torch.tril(out)
+    return out
+
+
+def _convolution_2d(term, S: Tensor, h: int, causal: bool) -> Tensor:
+    """Dufter et al. 2020 (section 2.5), 2d: ReLU(conv(S)) of head h's k x k filter and bias, by explicit sums,
+    zero outside the matrix, then masked again."""
+    L = S.size(0)
+    k = term.kernel_size
+    half = k // 2
+    offsets = _query_offsets(k, causal)
+    out = torch.zeros(L, L, dtype=S.dtype)
+    w, b = term.conv.weight[h, 0], float(term.conv.bias[h])
+    for i in range(L):
+        for j in range(L):
+            total = b
+            for a, di in enumerate(offsets):
+                for c in range(k):
+                    total += float(w[a, c]) * _entry(S, i + di, j + c - half)
+            out[i, j] = total
+    return _rectified(out, causal)
+
+
+def _convolution_1d(term, S: Tensor, h: int, causal: bool) -> Tensor:
+    """Dufter et al. 2020 (section 2.5), 1d: the channels are the t key columns, sliding along the queries;
+    ReLU(conv(S)) by explicit sums, zero outside the matrix, then masked again."""
+    L = S.size(0)
+    offsets = _query_offsets(term.kernel_size, causal)
+    out = torch.zeros(L, L, dtype=S.dtype)
+    t = term.max_positions
+    weight = term.conv.weight[h * t : (h + 1) * t]  # t_out x t_in x k
+    bias = term.conv.bias[h * t : (h + 1) * t]
+    for i in range(L):
+        for col in range(L):
+            total = float(bias[col])
+            for a, di in enumerate(offsets):
+                for c_in in range(L):
+                    total += float(weight[col, c_in, a]) * _entry(S, i + di, c_in)
+            out[i, col] = total
+    return _rectified(out, causal)
+
+
+#: the post-softmax transforms, ``(term, S, h, causal) -> S'``: head h's softmax matrix S of one sentence,
+#: transformed (zero where a query may not see a key)
+REFERENCE_POST_SOFTMAX = References("REFERENCE_POST_SOFTMAX", {
+    ConvolvedAttention2d: _convolution_2d, ConvolvedAttention1d: _convolution_1d,
+})
 
 
 def reference_attention(
@@ -201,20 +308,22 @@ def reference_attention(
 ) -> Tuple[Tensor, Tensor]:
     """Attention of one sentence ``x`` (length L, embed E): returns (output L x E, probs H x L x L).
 
-    ``probs`` is the matrix the heads multiply V with (after the convolution, if any).
+    ``probs`` is the matrix the heads multiply V with (after the post-softmax transform, if any).
     """
     L, E = x.shape
     H, d = attn.num_heads, attn.head_dim
-    gammas = attn.projection_term.gamma if attn.projection_term is not None else torch.ones(3, H, dtype=x.dtype)
     heads_out = []
     probs_all = torch.zeros(H, L, L, dtype=x.dtype)
     for h in range(H):
         rows = slice(h * d, (h + 1) * d)
-        q = x @ (attn.q_proj.weight[rows] * gammas[0, h]).t() + attn.q_proj.bias[rows]
-        k = x @ (attn.k_proj.weight[rows] * gammas[1, h]).t() + attn.k_proj.bias[rows]
-        v = x @ (attn.v_proj.weight[rows] * gammas[2, h]).t() + attn.v_proj.bias[rows]
-        for term in attn.query_key_terms:  # RoPE, xPos, in the kernel's order
-            q, k = _transformed(term, q, query=True), _transformed(term, k, query=False)
+        weights = (attn.q_proj.weight[rows], attn.k_proj.weight[rows], attn.v_proj.weight[rows])
+        if attn.projection_term is not None:
+            weights = REFERENCE_PROJECTIONS(attn.projection_term, h, weights)
+        q = x @ weights[0].t() + attn.q_proj.bias[rows]
+        k = x @ weights[1].t() + attn.k_proj.bias[rows]
+        v = x @ weights[2].t() + attn.v_proj.bias[rows]
+        for term in attn.query_key_terms:  # in the kernel's order
+            q, k = REFERENCE_TRANSFORMS(term, q, True), REFERENCE_TRANSFORMS(term, k, False)
         logits = torch.full((L, L), float("-inf"), dtype=x.dtype)
         for i in range(L):
             for j in range(L):
@@ -222,73 +331,33 @@ def reference_attention(
                     continue
                 key = k[j].clone()
                 for term in attn.key_value_terms:
-                    c = term.clip
-                    key = key + term.key_table[max(-c, min(c, j - i)) + c]
+                    key = key + REFERENCE_KEY_VALUES(term, i, j)[0]
                 e = float(q[i] @ key) / math.sqrt(d)
                 if attn.scaling_term is not None:
-                    w, vv = float(attn.scaling_term.w[h]), float(attn.scaling_term.v[h])
-                    e = max(e, 0.0) * _f_distance(w * abs(i - j), vv)
+                    e = REFERENCE_SCALINGS(attn.scaling_term, e, h, i, j)
                 for term in attn.additive_terms:
-                    e += _additive(term, h, i, j, causal)
+                    e += REFERENCE_BIASES(term, h, i, j, causal)
                 for term in attn.token_difference_terms:
-                    e += _token_bias(term, x, h, i, j)
+                    e += REFERENCE_TOKEN_BIASES(term, x, h, i, j)
                 logits[i, j] = e
             if attn.row_term is not None:
-                logits[i] = _row_bias(attn.row_term, logits[i], q[i])
+                logits[i] = REFERENCE_ROW_BIASES(attn.row_term, logits[i], q[i])
         probs = torch.softmax(logits, dim=-1)
         if attn.post_softmax_term is not None:
-            probs = _reference_convolution(attn.post_softmax_term, probs, h, causal)
+            probs = REFERENCE_POST_SOFTMAX(attn.post_softmax_term, probs, h, causal)
         out = torch.zeros(L, d, dtype=x.dtype)
         for i in range(L):
             for j in range(L):
                 value = v[j].clone()
                 for term in attn.key_value_terms:
-                    c = term.clip
-                    if term.values:
-                        value = value + term.value_table[max(-c, min(c, j - i)) + c]
+                    added = REFERENCE_KEY_VALUES(term, i, j)[1]
+                    if added is not None:
+                        value = value + added
                 out[i] += probs[i, j] * value
         heads_out.append(out)
         probs_all[h] = probs
     concat = torch.cat(heads_out, dim=-1)
     return concat @ attn.out_proj.weight.t() + attn.out_proj.bias, probs_all
-
-
-def _reference_convolution(term, S: Tensor, h: int, causal: bool) -> Tensor:
-    """ReLU(conv(S)) by explicit sums, zero outside the matrix, then masked again."""
-    L = S.size(0)
-    k = term.kernel_size
-    half = k // 2
-    # query-axis offsets: centred window, or the current and k - 1 earlier rows when causal
-    offsets = [a - (k - 1) for a in range(k)] if causal else [a - half for a in range(k)]
-
-    def at(i: int, j: int) -> float:
-        return float(S[i, j]) if 0 <= i < L and 0 <= j < L else 0.0
-
-    out = torch.zeros(L, L, dtype=S.dtype)
-    if term.__class__.__name__ == "ConvolvedAttention2d":
-        w, b = term.conv.weight[h, 0], float(term.conv.bias[h])
-        for i in range(L):
-            for j in range(L):
-                total = b
-                for a, di in enumerate(offsets):
-                    for c in range(k):
-                        total += float(w[a, c]) * at(i + di, j + c - half)
-                out[i, j] = total
-    else:  # 1d: channels are the t key columns, sliding along queries
-        t = term.max_positions
-        weight = term.conv.weight[h * t : (h + 1) * t]  # t_out x t_in x k
-        bias = term.conv.bias[h * t : (h + 1) * t]
-        for i in range(L):
-            for col in range(L):
-                total = float(bias[col])
-                for a, di in enumerate(offsets):
-                    for c_in in range(L):
-                        total += float(weight[col, c_in, a]) * at(i + di, c_in)
-                out[i, col] = total
-    out = torch.relu(out)
-    if causal:
-        out = torch.tril(out)
-    return out
 
 
 def randomize_(module: torch.nn.Module, seed: int = 0) -> None:

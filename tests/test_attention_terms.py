@@ -15,7 +15,7 @@ from fairseq_posattn.modules.position_terms.catalogue import all_variants
 from fairseq_posattn.modules.position_terms.direct import circulant_bias
 from fairseq_posattn.modules.position_terms.distance_aware import DistanceAwareScaling
 from fairseq_posattn.modules.position_terms.relative_embeddings import RelativePositionEmbeddings
-from model_helpers import COMBINED
+from model_helpers import COMBINED, SIDE_DATA
 from reference_attention import randomize_, reference_attention, sentence_of
 
 E, H, T_MAX = 8, 2, 9
@@ -81,10 +81,11 @@ def batch(padding: str, lengths=(7, 4, 5)):
 
 def context(mask, x: torch.Tensor, causal: bool = False) -> PositionContext:
     """The batch's context as a side builds it: right padding (or none) as a decoder, left padding
-    as an encoder (token positions from the mask)."""
+    as an encoder (token positions from the mask), with every registered method's side data for it."""
     if mask is None:
         mask = torch.zeros(x.size(1), x.size(0), dtype=torch.bool)
-    return PositionContext.from_padding(mask, right_padded=not bool(mask[:, 0].any()), causal=causal)
+    rows = {name: values for data in SIDE_DATA.values() for name, values in data.example(mask).items()}
+    return PositionContext.from_padding(mask, right_padded=not bool(mask[:, 0].any()), side_data=rows, causal=causal)
 
 
 def unpadded(length: int) -> PositionContext:
@@ -248,8 +249,9 @@ def test_additive_terms_backward_avoids_the_advanced_indexing_backward(variant):
     sentence, so the terms read it through ``lookup``. Left padding: the absolute term's per-sentence path."""
     attn = build_attention(VARIANTS[variant], causal=False).train()
     x, mask = batch("left")
+    ctx = context(mask, x)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profiler:
-        out, _ = attn(x, x, x, key_padding_mask=context(mask, x), need_weights=False)
+        out, _ = attn(x, x, x, key_padding_mask=ctx, need_weights=False)
         out.sum().backward()
     operators = {event.key for event in profiler.key_averages()}
     assert "aten::index_select" in operators  # the lookup ran

@@ -1,6 +1,7 @@
 """The kernel's paths (fairseq_posattn/modules/attention.py): every term's ``score_mod`` form, evaluated
 densely over the whole index grid, against the explicit path's logits and their gradients (exactly, in
-fp32 and fp64); flex_attention's CPU implementation against the explicit path; the path each layer takes."""
+fp32 and fp64); each additive term's declared dense form against the one derived from its ``score_mod``;
+flex_attention's CPU implementation against the explicit path; the path each layer takes."""
 
 import logging
 
@@ -8,12 +9,12 @@ import pytest
 import torch
 
 from fairseq_posattn.models.position_options import PositionOptionError, SidePositionOptions
-from fairseq_posattn.modules.attention import EXPLICIT, FLEX, SDPA, PositionAwareMultiheadAttention, PositionTerms, \
-    apply_densely
-from fairseq_posattn.modules.position_terms.base import AdditiveLogitBias
+from fairseq_posattn.modules.attention import EXPLICIT, FLEX, SDPA, PositionAwareMultiheadAttention, PositionTerms
+from fairseq_posattn.modules.position_context import PositionContext, SequenceTables
+from fairseq_posattn.modules.position_terms.base import AdditiveLogitBias, apply_densely
 from model_helpers import COMBINED
-from test_attention_terms import E, H, VARIANTS, AllAtOnce, applies, batch, build_attention, causal_mask, context, \
-    side_cases
+from test_attention_terms import E, H, T_MAX, VARIANTS, AllAtOnce, applies, batch, build_attention, causal_mask, \
+    context, side_cases
 
 #: every variant whose terms all have a score_mod form, and all of them at once (keys-only Shaw)
 FUSABLE = {name: values for name, values in VARIANTS.items()
@@ -67,6 +68,41 @@ def test_score_mod_equals_explicit_logits_and_their_gradients(variant, causal, p
     for got, expected in zip(grads(dense), grads(explicit)):
         torch.testing.assert_close(got, expected, rtol=1e-12 if dtype == torch.float64 else 1e-5,
                                    atol=1e-12 if dtype == torch.float64 else 1e-5)
+
+
+#: every registered variant with an additive term that has a pointwise form
+ADDITIVE = {name: values for name, values in VARIANTS.items() if not isinstance(values, AllAtOnce)
+            and any(term.has_score_mod() for term in build_attention(values, not applies(values, False)).additive_terms)}
+
+
+@pytest.mark.parametrize("variant,causal,padding", side_cases(ADDITIVE, CASES))
+def test_each_additive_terms_dense_form_equals_the_one_derived_from_its_score_mod(variant, causal, padding):
+    """AdditiveLogitBias's rule, term by term: the dense form a term declares (its ``forward``) is the one
+    derived from its ``score_mod`` (AdditiveLogitBias.forward), exactly in fp64, with the same gradients; a
+    decoding step's query reads its row from the sequence's table (its ``bias``)."""
+    attn = build_attention(ADDITIVE[variant], causal)
+    x, mask = batch("right" if padding == "decoding" else padding)
+    length = x.size(0)
+    tgt_len = 1 if padding == "decoding" else length
+    for term in (term for term in attn.additive_terms if term.has_score_mod()):
+        term.num_heads = H  # what the derived form evaluates the score_mod over (a declared form need not say)
+        ctx = context(mask, x, causal)
+        declared, derived = term(ctx, tgt_len, length), AdditiveLogitBias.forward(term, ctx, tgt_len, length)
+        assert derived.dtype == torch.float64 and derived.shape == declared.shape
+        torch.testing.assert_close(derived, declared, rtol=0, atol=0)
+        used = [p for module in (term, *term.side_modules()) for p in module.parameters()]
+        if used:
+            weights = torch.randn(derived.shape, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+            grads = [torch.autograd.grad((bias * weights).sum(), used) for bias in (derived, declared)]
+            for got, expected in zip(*grads):
+                torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
+        if padding == "decoding":
+            with torch.no_grad():
+                tables = SequenceTables(T_MAX, {})
+                step = PositionContext.from_padding(torch.zeros(x.size(1), length, dtype=torch.bool), True,
+                                                    tables=tables, causal=causal)
+                torch.testing.assert_close(term.bias(step, 1, length), derived, rtol=0, atol=0)
+                assert not term.positions_only or term.table_key() in tables.tables  # the sequence's table
 
 
 @pytest.mark.parametrize("variant,causal,padding", side_cases(FUSABLE, CASES[:3]))

@@ -67,7 +67,7 @@ def test_the_check_batch_is_padded_as_the_side_pads(right_padded, causal):
     assert ctx.padding_mask.sum(dim=1).tolist() == [0, 5]
     assert bool(ctx.padding_mask[1, 0]) == (not right_padded)
     assert ctx.causal == causal and (ctx.positions is None) == right_padded
-    assert sorted(ctx.side_data) == sorted(PARSE)
+    assert sorted(ctx.side_data) == sorted(PARSE.fields)
     tin = ctx.side_data["tin"][1]
     assert tin[ctx.padding_mask[1]].eq(-1).all() and tin[~ctx.padding_mask[1]].tolist() == binary_tree_side_data(4)[1]
     assert not PositionContext.example((9, 4), right_padded, causal, CPU).side_data

@@ -1,13 +1,17 @@
 """The package's layers: command lines (``cli/``) sit on the library and never the other way round,
-``structure/`` does not reach into ``data/``, the attention kernel knows kinds of term and no method, and
+``structure/`` does not reach into ``data/``, the attention kernel knows kinds of term and no method, the shared
+core (``modules/``, the registry's shared files, the sides) names no method, the side object is the only place
+a model builds a context, and
 every ``posattn-*`` command is a thin ``cli/`` module. The tools (``scripts/``, ``examples/evidence/``) sit on
 the library, which never imports them, and the tests reach them through pytest's ``pythonpath``, never by
 editing ``sys.path``."""
 
 import ast
+import io
 import os
 import re
-from typing import Iterator, Tuple
+import tokenize
+from typing import Iterator, List, Tuple
 
 from cli_helpers import run, run_failing
 from model_helpers import REPO
@@ -54,6 +58,74 @@ def test_the_kernel_knows_kinds_of_term_and_no_method():
                if module.startswith("fairseq_posattn.modules.position_terms.")
                and not module.startswith("fairseq_posattn.modules.position_terms.base.")]
     assert methods == []
+
+
+#: the shared core: every file under modules/ but the methods' own, and the side's files under models/
+SHARED_CORE = [
+    *(os.path.join("modules", name) for name in sorted(os.listdir(os.path.join(PACKAGE, "modules")))
+      if name.endswith(".py")),
+    *(os.path.join("modules", "position_terms", name)
+      for name in ("registry.py", "catalogue.py", "quantities.py", "side_inputs.py")),
+    *(os.path.join("models", name) for name in ("position_side.py", "position_options.py",
+                                                "position_aware_transformer.py", "building.py")),
+]
+
+
+def method_words() -> List[str]:
+    """What names a registered method: its name, its variants' names and their labels."""
+    from fairseq_posattn.modules.position_terms.registry import REGISTRY
+
+    words = set()
+    for method in REGISTRY.values():
+        words.update((method.name, *method.variants, *method.labels.values()))
+    return sorted(words)
+
+
+def prose_and_names(path: str) -> Iterator[Tuple[int, str]]:
+    """(line, text) of a Python file's comments, docstrings and identifiers; string constants that are data
+    (an older checkpoint's key) are not prose."""
+    with open(path, encoding="utf-8") as f:
+        source = f.read()
+    tree = ast.parse(source, path)
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef)) and ast.get_docstring(node):
+            yield node.body[0].lineno, ast.get_docstring(node)
+        if isinstance(node, ast.Name):
+            yield node.lineno, node.id
+        elif isinstance(node, ast.Attribute):
+            yield node.lineno, node.attr
+        elif isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            yield node.lineno, node.name
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type == tokenize.COMMENT:
+            yield token.start[0], token.string
+
+
+def test_the_shared_core_names_no_method():
+    """A method is named in its own file only: the kernel, the context, the registry's shared files and the
+    sides know kinds of term and declarations (posattn's help texts and the options' docs come from the
+    methods' own files)."""
+    patterns = {word: re.compile(r"(?<![\w-])" + re.escape(word).replace(r"\-", "[-_ ]") + r"(?![\w-])", re.I)
+                for word in method_words()}
+    found = [f"fairseq_posattn/{name}:{line} names {word!r}" for name in SHARED_CORE
+             for line, text in prose_and_names(os.path.join(PACKAGE, name))
+             for word, pattern in patterns.items() if pattern.search(text)]
+    assert found == []
+
+
+def test_the_side_object_is_the_only_place_a_model_builds_a_context():
+    builders = ("from_tokens", "from_padding", "unpadded", "example")
+    found = []
+    for folder in ("models", "tasks"):
+        for root, _, files in os.walk(os.path.join(PACKAGE, folder)):
+            for name in sorted(f for f in files if f.endswith(".py")):
+                path = os.path.join(root, name)
+                with open(path, encoding="utf-8") as f:
+                    tree = ast.parse(f.read(), path)
+                found += [f"{os.path.relpath(path, REPO)}:{node.lineno}" for node in ast.walk(tree)
+                          if isinstance(node, ast.Attribute) and node.attr in builders
+                          and isinstance(node.value, ast.Name) and node.value.id == "PositionContext"]
+    assert len(found) == 1 and found[0].startswith(os.path.join("fairseq_posattn", "models", "position_side.py:")), found
 
 
 #: the folders of the tools: their modules are importable by name in the tests (pyproject.toml's pythonpath)

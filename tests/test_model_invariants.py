@@ -8,7 +8,7 @@ import torch
 from fairseq.modules import MultiheadAttention
 
 from fairseq_posattn.modules.position_terms.base import SequenceTooLongError
-from model_helpers import SIDE_VARIANTS, build_lm, build_model, randomized, side_flags
+from model_helpers import SIDE_VARIANTS, build_lm, build_model, randomized, side_flags, side_inputs
 
 def tokens(rows: List[List[int]], left_pad: bool, pad: int = 1) -> torch.Tensor:
     T = max(len(r) for r in rows)
@@ -54,9 +54,10 @@ def test_defaults_compute_exactly_fairseqs_transformer():
 def test_encoder_padding_invariance(variant, left_pad):
     torch.manual_seed(0)
     model = randomized(build_model("transformer_posattn", side_flags("encoder", variant)))
-    alone = model.encoder(tokens([SHORT], left_pad), return_all_hiddens=False)["encoder_out"][0][:, 0]
+    alone_src = tokens([SHORT], left_pad)
+    alone = model.encoder(alone_src, return_all_hiddens=False, **side_inputs(alone_src))["encoder_out"][0][:, 0]
     batch_src = tokens([SHORT, LONG], left_pad)
-    in_batch = model.encoder(batch_src)["encoder_out"][0][:, 0]
+    in_batch = model.encoder(batch_src, **side_inputs(batch_src))["encoder_out"][0][:, 0]
     real = batch_src[0].ne(1)
     torch.testing.assert_close(in_batch[real], alone, rtol=1e-5, atol=1e-5)
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from fairseq_posattn.models.position_options import PositionOptionError, SidePositionOptions
-from fairseq_posattn.modules.attention import apply_densely
 from fairseq_posattn.modules.position_context import PositionContext
+from fairseq_posattn.modules.position_terms.base import apply_densely
 from fairseq_posattn.modules.position_terms.contextual import ContextualPositionBias
 from fairseq_posattn.modules.position_terms.fire import FireBias
 from fairseq_posattn.modules.position_terms.forget_gate import ForgetGateBias
@@ -246,7 +246,7 @@ def test_contextual_positions_count_the_gates_from_the_key_to_the_query():
 def test_flex_kernel_is_refused_for_contextual_positions():
     options = SidePositionOptions("decoder", True, 16, "--max-target-positions", attention_kernel="flex", cope=8)
     options.validate()
-    with pytest.raises(PositionOptionError, match="--decoder-attention-kernel flex: CoPE"):
+    with pytest.raises(PositionOptionError, match="--decoder-attention-kernel flex: --decoder-cope 8 computes"):
         options.build_terms(0, 2, 4)
 
 

@@ -11,9 +11,12 @@ import torch
 from fairseq.modules import SinusoidalPositionalEmbedding
 
 from fairseq_posattn.models.position_options import PositionOptionError
-from fairseq_posattn.modules.position_terms.structural import structural_relative
-from fairseq_posattn.modules.position_terms.structural import StructuralRelativeEmbeddings
-from fairseq_posattn.modules.structural_embedding import StructuralPositionalEmbedding
+from fairseq_posattn.modules.position_terms.structural import (
+    PARSE,
+    StructuralPositionalEmbedding,
+    StructuralRelativeEmbeddings,
+    structural_relative,
+)
 from fairseq_posattn.structure import structural_relative_positions, tree_depths
 from fairseq_posattn.structure.alignment import piece_structural_positions
 from fairseq_posattn.structure.side_data import token_side_data
@@ -76,7 +79,7 @@ def side_batch(heads_list, left_pad: bool):
 
 
 class StructuralTask(TinyTask):
-    provides_structure = True
+    collated_side_data = (PARSE.key,)
 
 
 STRUCTURAL_FLAGS = ["--encoder-structural-positions", "both", "--encoder-structural-fusion", "nonlinear",
@@ -109,7 +112,7 @@ def test_structural_terms_use_side_data():
     attention = model.encoder.layers[1].self_attn
     kinds = [type(t) for t in attention.key_value_terms]
     assert StructuralRelativeEmbeddings in kinds and len(kinds) == 2  # own table, added to Shaw's
-    assert model.encoder.structural_embedding is not None
+    assert model.encoder.position_input is not None
     src = torch.tensor([[5, 9, 11, 2]])
     with pytest.raises(ValueError, match="--task translation_structural"):
         model.encoder(src)
@@ -119,7 +122,8 @@ def test_structural_terms_use_side_data():
 
 def test_structural_model_refuses_a_task_without_parses():
     with pytest.raises(PositionOptionError, match="--task translation_structural"):
-        build_model("transformer_posattn", ["--encoder-structural-positions", "absolute"])
+        build_model("transformer_posattn", ["--encoder-structural-positions", "absolute"],
+                    task=TinyTask(collated_side_data=()))
 
 
 def test_absolute_structural_embedding_is_the_sequential_sinusoid_of_depth():
@@ -129,7 +133,7 @@ def test_absolute_structural_embedding_is_the_sequential_sinusoid_of_depth():
     tokens = torch.full((1, 10), 7)  # positions 0..9 as fairseq numbers them
     expected = sequential(tokens)[0]
     depth = torch.arange(10).unsqueeze(0)
-    got = embedding(depth, torch.zeros(1, 10, dtype=torch.bool), None)[0]
+    got = embedding.embed(depth, torch.zeros(1, 10, dtype=torch.bool), None)[0]
     torch.testing.assert_close(got, expected)
 
 
@@ -154,7 +158,7 @@ def test_every_row_of_table_1_is_expressible(row):
     encoder = model.encoder
     terms = [type(t).__name__ for t in getattr(encoder.layers[0].self_attn, "key_value_terms", [])]
     got = (int(encoder.embed_positions is not None), int("RelativePositionEmbeddings" in terms),
-           int(encoder.structural_embedding is not None), int("StructuralRelativeEmbeddings" in terms))
+           int(encoder.position_input is not None), int("StructuralRelativeEmbeddings" in terms))
     assert got == EXPECTED[row]
     assert model.decoder.embed_positions is not None, "the paper keeps the decoder's sequential positions"
     assert all(type(layer.self_attn).__name__ == "MultiheadAttention" for layer in model.decoder.layers)

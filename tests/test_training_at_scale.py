@@ -23,6 +23,7 @@ from torch import Tensor, nn
 
 from fairseq_posattn.modules.attention import PositionAwareMultiheadAttention
 from fairseq_posattn.modules.position_terms.distance_aware import DistanceAwareScaling
+from fairseq_posattn.modules.position_terms.structural import PARSE
 from model_helpers import SIDE_VARIANTS, TINY, TINY_LM, TinyTask, both_sides, build_model, randomized, side_flags
 
 PAD = 1
@@ -55,7 +56,7 @@ class TinyTaggingTask(TinyTask):
 
 
 class TinyStructuralTask(TinyTask):
-    provides_structure = True
+    collated_side_data = (PARSE.key,)
 
 
 # ------------------------------------------------------------------------------------ batches

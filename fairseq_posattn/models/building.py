@@ -8,7 +8,7 @@ see exactly the options, defaults and validation that a command-line run gets.
 import argparse
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Sequence, Tuple
 
 from fairseq import models, options
 from fairseq.dataclass.utils import convert_namespace_to_omegaconf
@@ -18,12 +18,13 @@ USER_DIR = Path(__file__).resolve().parent.parent
 
 @dataclass
 class DictionaryTask:
-    """What ``build_model`` reads from a task: its dictionaries, and whether it collates structural
-    side data for the source (``--task translation_structural`` does)."""
+    """What ``build_model`` reads from a task: its dictionaries, and the ``net_input`` keys of the side data it
+    collates beside the tokens (``--task translation_structural``: ``src_structure``, each source sentence's
+    parse)."""
 
     source_dictionary: Any
     target_dictionary: Any
-    provides_structure: bool = False
+    collated_side_data: Tuple[str, ...] = ()
 
 
 def parse_model_args(argv: Sequence[str]) -> argparse.Namespace:

@@ -16,11 +16,10 @@ import torch
 from fairseq.models.transformer import TransformerDecoderBase, TransformerEncoderBase
 from torch import Tensor, nn
 
-from fairseq_posattn.models.position_options import PositionOptionError, SidePositionOptions
+from fairseq_posattn.models.position_options import SidePositionOptions
 from fairseq_posattn.models.position_side import PositionSide
-from fairseq_posattn.modules.position_context import SequenceTables
-from fairseq_posattn.modules.position_terms.structural import PARSE, embeds_tree_depth
-from fairseq_posattn.modules.structural_embedding import StructuralPositionalEmbedding
+from fairseq_posattn.modules.position_context import PositionContext, SequenceTables
+from fairseq_posattn.modules.position_terms.side_inputs import InputPositionEmbedding
 from fairseq_posattn.modules.transformer_layer import (
     PositionAwareDecoderLayer,
     PositionAwareEncoderLayer,
@@ -30,8 +29,8 @@ IncrementalState = Dict[str, Dict[str, Optional[Tensor]]]
 
 
 class PositionAwareTransformerEncoder(TransformerEncoderBase):
-    """fairseq's encoder; its self-attention layers get the ``--encoder-*`` position terms, and its
-    input the absolute structural embedding when ``--encoder-structural-positions`` asks for it."""
+    """fairseq's encoder; its self-attention layers get the ``--encoder-*`` position terms, and its input the
+    position embedding that a method gives it (``position_input``), where one does."""
 
     def __init__(self, cfg: Any, dictionary: Any, embed_tokens: nn.Embedding,
                  position_options: SidePositionOptions, return_fc: bool = False):
@@ -40,17 +39,8 @@ class PositionAwareTransformerEncoder(TransformerEncoderBase):
         self._layers_built = 0
         super().__init__(cfg, dictionary, embed_tokens, return_fc=return_fc)
         self.position_side.attach(self)
-        self.structural_embedding: Optional[StructuralPositionalEmbedding] = None
-        if embeds_tree_depth(position_options):
-            if position_options.structural_fusion == "nonlinear" and self.embed_positions is None:
-                raise PositionOptionError(
-                    "--encoder-structural-fusion nonlinear fuses the structural with the sequential "
-                    "position embeddings: drop --no-token-positional-embeddings and "
-                    "--encoder-no-token-positional-embeddings, or use "
-                    "--encoder-structural-fusion add")
-            self.structural_embedding = StructuralPositionalEmbedding(
-                embed_tokens.embedding_dim, self.padding_idx, cfg.max_source_positions,
-                position_options.structural_fusion)
+        self.position_input: Optional[InputPositionEmbedding] = self.position_side.input_embedding(
+            embed_tokens.embedding_dim, self.padding_idx, sequential=self.embed_positions is not None)
 
     def upgrade_state_dict_named(self, state_dict: Dict[str, Tensor], name: str) -> Dict[str, Tensor]:
         """fairseq's upgrades, and weights from before the side owned its shared modules."""
@@ -67,14 +57,13 @@ class PositionAwareTransformerEncoder(TransformerEncoderBase):
 
     def forward(self, src_tokens: Tensor, src_lengths: Optional[Tensor] = None,
                 return_all_hiddens: bool = False, token_embeddings: Optional[Tensor] = None,
-                src_structure: Optional[Tensor] = None):
-        """fairseq's encoder forward; ``src_structure`` ``(batch, 3, src_len)`` holds each source
-        token's tree depth, ``tin`` and ``tout`` (collated by ``--task translation_structural``)."""
+                **side_inputs: Tensor):
+        """fairseq's encoder forward; ``side_inputs``: the side data that the task collated into ``net_input``
+        beside the tokens (each ``(batch, rows, src_len)``, e.g. a parse), for the methods that read it."""
         if not self.position_options.needs_context():
             return self.forward_scriptable(src_tokens, src_lengths, return_all_hiddens, token_embeddings)
-        ctx = self.position_side.context(src_tokens, self.padding_idx,
-                                         side_data=self._structural_side_data(src_tokens, src_structure))
-        x, embedding = self.embed_with_structure(src_tokens, token_embeddings, ctx.side_data.get("depth"))
+        ctx = self.position_side.context(src_tokens, self.padding_idx, side_inputs)
+        x, embedding = self.embed_input(src_tokens, token_embeddings, ctx)
         x = x.masked_fill(ctx.padding_mask.unsqueeze(-1), 0.0).transpose(0, 1)
         states: List[Tensor] = [x] if return_all_hiddens else []
         fc_results: List[Optional[Tensor]] = []
@@ -93,31 +82,16 @@ class PositionAwareTransformerEncoder(TransformerEncoderBase):
             "src_tokens": [], "src_lengths": [lengths],
         }
 
-    def _structural_side_data(self, src_tokens: Tensor, src_structure: Optional[Tensor]):
-        if self.position_options.structural_positions == "none":
-            return None
-        if src_structure is None:
-            raise ValueError(
-                "--encoder-structural-positions needs each sentence's parse: train, generate and "
-                "translate interactively with --task translation_structural")
-        if src_structure.shape != (src_tokens.size(0), 3, src_tokens.size(1)):
-            raise ValueError(
-                f"structural side data of shape {tuple(src_structure.shape)} does not match the "
-                f"source batch {tuple(src_tokens.shape)}: re-run the structural prepare step on the "
-                "same BPE text that fairseq-preprocess binarized")
-        return dict(zip(PARSE, src_structure.long().unbind(dim=1)))
-
-    def embed_with_structure(self, src_tokens: Tensor, token_embedding: Optional[Tensor],
-                             depth: Optional[Tensor]):
-        """fairseq's ``forward_embedding``, with the structural embedding of ``depth`` (the tree
-        depth of each token's word) fused into the positions where the options ask for it."""
-        if self.structural_embedding is None:
+    def embed_input(self, src_tokens: Tensor, token_embedding: Optional[Tensor], ctx: PositionContext):
+        """fairseq's ``forward_embedding``, with the positions of :attr:`position_input` (given the batch's
+        context and the sequential positions) where a method gives the input a position embedding."""
+        if self.position_input is None:
             return self.forward_embedding(src_tokens, token_embedding)
         if token_embedding is None:
             token_embedding = self.embed_tokens(src_tokens)
         x = embed = self.embed_scale * token_embedding
         sequential = self.embed_positions(src_tokens) if self.embed_positions is not None else None
-        x = embed + self.structural_embedding(depth, src_tokens.eq(self.padding_idx), sequential)
+        x = embed + self.position_input(ctx, sequential)
         if self.layernorm_embedding is not None:
             x = self.layernorm_embedding(x)
         x = self.dropout_module(x)

@@ -8,7 +8,7 @@ the registered methods.
 """
 
 from dataclasses import field, make_dataclass
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from fairseq.dataclass.utils import gen_parser_from_dataclass
@@ -17,12 +17,14 @@ from fairseq_posattn.modules import position_terms  # noqa: F401  (registers eve
 from fairseq_posattn.modules.attention import KERNEL_CHOICES, PositionTerms, flex_attention
 from fairseq_posattn.modules.kernel_self_check import SELF_CHECK_CHOICES
 from fairseq_posattn.modules.position_terms.base import SequenceTooLongError
+from fairseq_posattn.modules.position_terms.side_inputs import BatchSideData, InputPositionEmbedding
 from fairseq_posattn.modules.position_terms.registry import (
     SIDES,
     LayerSpec,
     MethodOption,
     PositionMethod,
     PositionOptionError,
+    method_of,
     methods_of,
     options_of,
 )
@@ -52,10 +54,6 @@ KERNEL_OPTIONS = (
                  "position options of the {what}, position embeddings, ...; fine-tuning one method from "
                  "another); refused otherwise, so that a resumed checkpoint never silently becomes another model"),
 )
-
-
-#: the options that drop a value term (which has no pointwise form)
-KEYS_ONLY_OPTIONS = ("relative_positions_keys_only", "structural_keys_only")
 
 
 def side_options(side: str) -> List[MethodOption]:
@@ -104,7 +102,7 @@ def set_position_defaults(args: Any, sides: List[str]) -> None:
 class SidePositionOptions:
     """The position options of one side (``encoder`` or ``decoder``) and what they build.
 
-    Every registered option of the side is an attribute (``options.distance_aware``); ``causal``,
+    Every registered option of the side is an attribute (``options.<name>``, the option's name without the side); ``causal``,
     ``max_positions`` (t) and ``max_positions_option`` (the option that sets t) come from the model.
     Modules shared by a side's layers (a method's side-wide table) are kept in ``shared``.
     """
@@ -182,6 +180,29 @@ class SidePositionOptions:
                 f"{self.side}'s position terms; retrain with a larger {self.max_positions_option} (at "
                 f"least {length}) or drop longer inputs (fairseq's --skip-invalid-size-inputs-valid-test)")
 
+    def side_data(self) -> List[Tuple[str, BatchSideData]]:
+        """The data that the methods on read from every batch beside its tokens, each with the option that
+        asks for it (as errors name it)."""
+        return [(method.asked_by(self), method.side_data) for method in self._methods if method.side_data is not None]
+
+    def check_task(self, task: Any) -> None:
+        """Refuse, at start-up, a task that does not collate the side data the methods on read: a task names
+        the ``net_input`` keys it collates in ``collated_side_data``."""
+        collated = getattr(task, "collated_side_data", ())
+        for asked_by, data in self.side_data():
+            if data.key not in collated:
+                raise PositionOptionError(f"{asked_by} needs {data.what}: use {data.task} "
+                                          f"(not --task of {type(task).__name__}, which does not collate it)")
+
+    def input_embedding(self, embed_dim: int, padding_idx: int, sequential: bool) -> Optional[InputPositionEmbedding]:
+        """The position embedding that a method on gives the side's input (None: the side's own), at most one."""
+        found = [(method, module) for method in self._methods
+                 for module in [method.input_embedding(self, embed_dim, padding_idx, sequential)] if module is not None]
+        if len(found) > 1:
+            raise PositionOptionError(f"{found[0][0].asked_by(self)} and {found[1][0].asked_by(self)} each replace "
+                                      "the input's position embedding; keep one")
+        return found[0][1] if found else None
+
     def build_terms(self, layer_index: int, num_heads: int, head_dim: int) -> PositionTerms:
         """The position terms of layer ``layer_index`` (0-based) of this side."""
         terms = PositionTerms(kernel=self.attention_kernel, self_check=self.attention_self_check,
@@ -200,10 +221,13 @@ class SidePositionOptions:
             raise PositionOptionError(f"{self.flag('attention_kernel')} flex needs torch >= 2.5 "
                                       f"(torch.nn.attention.flex_attention); use auto or explicit")
         if terms.row_dependent is not None:
-            raise PositionOptionError(f"{self.flag('attention_kernel')} flex: CoPE's contextual positions count "
-                                      f"gates over the whole attention row; use auto or explicit")
+            raise PositionOptionError(f"{self.flag('attention_kernel')} flex: "
+                                      f"{method_of(terms.row_dependent).asked_by(self)} computes its bias from the "
+                                      "whole attention row; use auto or explicit")
         if terms.post_softmax is not None or any(term.values for term in terms.key_value):
+            keys_only = [self.flag(option.name) for method in methods_of(self.side) for option in method.options
+                         if option.keys_only]
             raise PositionOptionError(
                 f"{self.flag('attention_kernel')} flex: the attention convolution and the value term of "
                 f"relative embeddings need the whole attention matrix; use auto, or drop the convolution "
-                f"and add {' / '.join(self.flag(name) for name in KEYS_ONLY_OPTIONS if name in self.values)}")
+                f"and add {' / '.join(keys_only)}")

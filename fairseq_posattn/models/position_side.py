@@ -2,11 +2,14 @@
 tagger share.
 
 A side (encoder, decoder, tagger) whose options ask for position terms does the same things with them: it
-checks each batch's length against the positions its terms were built for, builds the batch's
+checks each batch's length against the positions its terms were built for, unpacks the side data its methods
+read from the batch (:class:`~fairseq_posattn.modules.position_terms.side_inputs.BatchSideData`, collated by
+the task under their ``net_input`` keys), builds the batch's
 :class:`~fairseq_posattn.modules.position_context.PositionContext` (the only place a model builds one),
 records the options that make its function in its weights (:class:`PositionOptionsRecord`), owns the modules
-its layers' terms share and upgrades older weights of them, and wraps its layers for activation checkpointing
-and FSDP exactly as fairseq wraps its own. :class:`PositionSide` does them; the sides only call it.
+its layers' terms share and the input position embedding a method gives it, upgrades older weights of them,
+and wraps its layers for activation checkpointing and FSDP exactly as fairseq wraps its own.
+:class:`PositionSide` does them; the sides only call it.
 
 **A side owns what its layers share.** A module that the terms of several layers read (T5's table,
 ``LayerSpec.shared``) is registered once, on the side, in ``position_shared``, and the terms read it without
@@ -25,7 +28,11 @@ from fairseq_posattn.models.position_options import SidePositionOptions
 from fairseq_posattn.models.position_record import PositionOptionsRecord
 from fairseq_posattn.modules.position_context import PositionContext, SequenceTables
 from fairseq_posattn.modules.position_terms.base import PositionTerm
+from fairseq_posattn.modules.position_terms.side_inputs import InputPositionEmbedding
 from fairseq_posattn.user_errors import UserError
+
+#: what a side's tokens are, as side data errors name them
+BATCH_NAMES = {"encoder": "source batch", "decoder": "target batch"}
 
 
 class PositionSide:
@@ -40,6 +47,7 @@ class PositionSide:
 
     def __init__(self, options: SidePositionOptions, right_padded: bool, causal: bool):
         self.options, self.right_padded, self.causal = options, right_padded, causal
+        self.side_data = options.side_data()
 
     def wrap(self, layer: nn.Module, cfg: Any) -> nn.Module:
         """``layer`` wrapped for activation checkpointing and FSDP as fairseq's ``build_*_layer`` do."""
@@ -51,15 +59,33 @@ class PositionSide:
         owner.position_record = PositionOptionsRecord.of_side(self.options)
         owner.position_shared = nn.ModuleDict(self.options.shared)
 
-    def upgrade(self, owner: nn.Module, state_dict: Dict[str, Tensor], name: str) -> None:
-        """Weights from before the side owned its layers' shared modules (:func:`upgrade_shared`)."""
-        upgrade_shared(owner, state_dict, name)
+    def input_embedding(self, embed_dim: int, padding_idx: int, sequential: bool) -> Optional[InputPositionEmbedding]:
+        """The position embedding a method gives the side's input (the side registers it as ``position_input``),
+        or None; ``sequential``: the side has sequential position embeddings."""
+        return self.options.input_embedding(embed_dim, padding_idx, sequential)
 
-    def context(self, tokens: Tensor, padding_idx: int, side_data: Optional[Mapping[str, Tensor]] = None,
+    def upgrade(self, owner: nn.Module, state_dict: Dict[str, Tensor], name: str) -> None:
+        """Weights from before the side owned its layers' shared modules (:func:`upgrade_shared`) and its input
+        position embedding (:func:`upgrade_input_embedding`)."""
+        upgrade_shared(owner, state_dict, name)
+        upgrade_input_embedding(owner, state_dict, name)
+
+    def context(self, tokens: Tensor, padding_idx: int, side_inputs: Optional[Mapping[str, Tensor]] = None,
                 tables: Optional[SequenceTables] = None) -> PositionContext:
-        """The batch's context, after checking its length (an error naming the option to raise)."""
+        """The batch's context, after checking its length (an error naming the option to raise).
+
+        Args:
+            tokens: ``(batch, length)`` token ids.
+            side_inputs: the batch's collated side data by ``net_input`` key (each ``(batch, rows, length)``):
+                what the side's methods read (:attr:`side_data`) must be there, the rest is ignored.
+            tables: the sequence tables of incremental decoding.
+        """
         self.options.check_length(tokens.size(1))
-        return PositionContext.from_tokens(tokens, padding_idx, self.right_padded, side_data, tables, self.causal)
+        side_inputs = side_inputs or {}
+        rows: Dict[str, Tensor] = {}
+        for asked_by, data in self.side_data:
+            rows.update(data.unpack(side_inputs.get(data.key), tokens, asked_by, BATCH_NAMES[self.options.side]))
+        return PositionContext.from_tokens(tokens, padding_idx, self.right_padded, rows, tables, self.causal)
 
 
 def add_layer_wrapping_args(parser: Any) -> None:
@@ -118,6 +144,19 @@ def upgrade_shared(side: nn.Module, state_dict: Dict[str, Tensor], name: str) ->
         state_dict[key] = first
         for copy in found:
             del state_dict[copy]
+
+
+def upgrade_input_embedding(side: nn.Module, state_dict: Dict[str, Tensor], name: str) -> None:
+    """Weights saved when the side's input position embedding was registered under another name (its
+    ``legacy_names``): their keys move under ``{name}.position_input``."""
+    module = getattr(side, "position_input", None)
+    if module is None:
+        return
+    prefix = f"{name}." if name else ""
+    for legacy in module.legacy_names:
+        old = f"{prefix}{legacy}."
+        for key in [key for key in state_dict if key.startswith(old)]:
+            state_dict[f"{prefix}position_input.{key[len(old):]}"] = state_dict.pop(key)
 
 
 def legacy_copies(side: nn.Module, prefix: str) -> Dict[str, List[str]]:

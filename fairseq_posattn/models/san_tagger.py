@@ -79,9 +79,7 @@ class SanTaggerModel(PosattnHubMixin, FairseqEncoderModel):
         options = SidePositionOptions.from_config(
             args, "encoder", causal=False, max_positions=args.max_source_positions,
             max_positions_option="--max-source-positions")
-        if options.structural_positions != "none":
-            raise PositionOptionError("--encoder-structural-positions needs translation_structural; "
-                                      "the tagger has no parses")
+        options.check_task(task)
         encoder = SanTaggerEncoder(args, task.source_dictionary, task.char_dictionary, options)
         return cls(encoder, len(task.target_dictionary))
 

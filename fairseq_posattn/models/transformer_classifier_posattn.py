@@ -38,7 +38,6 @@ from torch import Tensor, nn
 from fairseq_posattn.models.hub_loading import PosattnHubMixin
 from fairseq_posattn.models.position_aware_transformer import PositionAwareTransformerEncoder
 from fairseq_posattn.models.position_options import (
-    PositionOptionError,
     SidePositionOptions,
     add_position_args,
     set_position_defaults,
@@ -127,10 +126,7 @@ class PositionAwareTransformerClassifier(PosattnHubMixin, FairseqEncoderModel):
         options = SidePositionOptions.from_config(
             args, "encoder", causal=False, max_positions=args.max_positions,
             max_positions_option="--max-positions")
-        if options.structural_positions != "none":
-            raise PositionOptionError(
-                "--encoder-structural-positions needs each sentence's parse, which --task "
-                "sentence_prediction does not provide; drop it")
+        options.check_task(task)
         cfg = TransformerConfig.from_namespace(args)
         dictionary = task.source_dictionary
         embed_tokens = Embedding(len(dictionary), cfg.encoder.embed_dim, dictionary.pad())

@@ -24,7 +24,6 @@ from fairseq_posattn.models.position_aware_transformer import (
     PositionAwareTransformerEncoder,
 )
 from fairseq_posattn.models.position_options import (
-    PositionOptionError,
     SidePositionOptions,
     add_position_args,
     set_position_defaults,
@@ -68,20 +67,17 @@ class PositionAwareTransformerModel(PosattnHubMixin, TransformerModel):
             # options would be dropped silently
             args = argparse.Namespace(**OmegaConf.to_container(args, resolve=True))
         posattn_base_architecture(args)
-        if args.encoder_structural_positions != "none" and not getattr(task, "provides_structure", False):
-            raise PositionOptionError(
-                f"--encoder-structural-positions {args.encoder_structural_positions} needs each source "
-                f"sentence's parse: use --task translation_structural (not {type(task).__name__})")
+        encoder_position_options(args).check_task(task)
         model = super().build_model(args, task)
         model.built_from = args  # as fairseq completed it (--share-all-embeddings sets the decoder's sharing)
         return model
 
     def forward(self, src_tokens, src_lengths, prev_output_tokens, return_all_hiddens: bool = True,
-                features_only: bool = False, alignment_layer=None, alignment_heads=None,
-                src_structure=None):
-        """fairseq's forward, passing the structural side data (``net_input["src_structure"]``) on."""
+                features_only: bool = False, alignment_layer=None, alignment_heads=None, **side_inputs):
+        """fairseq's forward, passing the side data that the task collated into ``net_input`` (``side_inputs``,
+        by key) on to the encoder."""
         encoder_out = self.encoder(src_tokens, src_lengths=src_lengths,
-                                   return_all_hiddens=return_all_hiddens, src_structure=src_structure)
+                                   return_all_hiddens=return_all_hiddens, **side_inputs)
         return self.decoder(
             prev_output_tokens, encoder_out=encoder_out, features_only=features_only,
             alignment_layer=alignment_layer, alignment_heads=alignment_heads,

@@ -2,16 +2,16 @@
 
 Order of operations for one head (docs/methods.md, Order of operations in one head):
 
-1. ``q, k, v`` projections (their weights rescaled by a projection scaling, the learnable temperature);
-   ``q`` scaled by 1/sqrt(d_h); query/key transforms (rotary) of the current tokens;
-2. content logits ``q k^T`` plus the key/value augmentations' key term (Shaw, structural);
-3. logit scaling (distance-aware: ``ReLU(.) * Rhat``);
-4. additive biases (direct absolute / relative, T5's buckets, ALiBi, ...), then the token-difference biases
-   (FoX's ``c_i - c_j`` of values computed from the layer's input);
-5. masks: ``attn_mask`` (causal) and key padding, as -inf *after* the steps above; then a row-dependent bias
-   (CoPE's contextual positions, counted on the masked row);
-6. softmax; post-softmax transform (convolution), which re-masks;
-7. dropout; ``probs v`` plus the augmentations' value term; output projection.
+1. ``q, k, v`` projections (their weights rescaled by a projection scaling); ``q`` scaled by 1/sqrt(d_h);
+   the query/key transforms of the current tokens' queries and keys;
+2. content logits ``q k^T`` plus the key/value augmentations' key term ``q_i . a^K_ij``;
+3. logit scaling: an elementwise rescaling of the content logits;
+4. additive biases of the query and key positions, then the token-difference biases ``c_i - c_j`` of
+   values computed from the layer's input;
+5. masks: ``attn_mask`` (causal) and key padding, as -inf *after* the steps above; then a row-dependent bias,
+   computed from each query's masked row of logits;
+6. softmax; post-softmax transform of the attention matrix, which re-masks;
+7. dropout; ``probs v`` plus the augmentations' value term ``sum_j alpha_ij a^V_ij``; output projection.
 
 **Kernel paths.** Each term declares its forms (:mod:`~fairseq_posattn.modules.position_terms.base`):
 the explicit one of its kind, and a pointwise ``score_mod`` where it is a function of the logit and
@@ -22,8 +22,8 @@ of tensors prepared once per batch. Each call takes the path its terms allow (:m
 - ``flex_attention``: on CUDA, when every term that changes a logit has a ``score_mod`` form and at
   least one of them learns or rescales (compiled ``flex_attention``, a block mask for padding and
   causality prepared once per batch; no (length x length) tensor is kept for the backward pass);
-- ``explicit``: steps 2-7 written out, when a term needs the attention matrix (the convolutions, the
-  value term of relative embeddings, a row-dependent bias) or the call asks for the weights.
+- ``explicit``: steps 2-7 written out, when a term needs the attention matrix (a post-softmax transform, a
+  key/value augmentation's value term, a row-dependent bias) or the call asks for the weights.
 
 ``--{side}-attention-kernel explicit`` forces the explicit path (reference, inspection); ``flex``
 forces flex_attention where the terms allow it (on the CPU its eager, unfused implementation: for
@@ -48,8 +48,7 @@ model's dtype (``--fp16`` / ``--bf16``), as fairseq's own attention does for its
 **Intermediates are returned, not kept.** An inspection call (``posattn-inspect``) passes
 ``return_softmax_before_transform=True``: it takes the explicit path, and the weights it gets back
 are an :class:`AttentionWeights`, the final weights together with the softmax S before the
-post-softmax transform (Dufter et al. 2020, section 2.5: ``A' = ReLU(conv(S))``). The module keeps
-nothing of a call.
+post-softmax transform (``A' = transform(S)``). The module keeps nothing of a call.
 """
 
 import logging
@@ -184,7 +183,8 @@ class PositionAwareMultiheadAttention(MultiheadAttention):
         self._logged_paths: set = set()
         self._configuration: Optional[Tuple[str, ...]] = None
 
-    #: names of the term modules in checkpoints of earlier versions -> today's (0.2.0 named the temperature)
+    #: names of the term modules in checkpoints of earlier versions -> today's: each key is an old checkpoint's
+    #: module name, as it was saved (0.2.0 saved the projection scaling under the name of its method)
     LEGACY_MODULE_NAMES = {"temperature": "projection_term"}
 
     def upgrade_state_dict_named(self, state_dict: Dict[str, Tensor], name: str) -> None:
@@ -254,7 +254,7 @@ class PositionAwareMultiheadAttention(MultiheadAttention):
         if self.kernel == "explicit":
             return EXPLICIT, "--attention-kernel explicit"
         if self.needs_matrix():
-            return EXPLICIT, "a term needs the attention matrix (convolution or value term)"
+            return EXPLICIT, "a term needs the attention matrix (a post-softmax transform, a value term or a row-dependent bias)"
         possible = (flex_attention is not None and self.pointwise and not decoding
                     and not (self.training and self.dropout_module.p > 0)
                     and (device.type == "cuda" or not torch.is_grad_enabled()))  # no backward on the CPU
@@ -502,15 +502,6 @@ def compose(mods: Sequence[ScoreMod]) -> ScoreMod:
             score = mod(score, b, h, q_idx, kv_idx)
         return score
     return composed
-
-
-def apply_densely(score_mod: ScoreMod, scores: Tensor) -> Tensor:
-    """``score_mod`` evaluated on every (batch, head, query, key) of ``scores`` at once: the form that
-    flex_attention fuses, computed on any device (the tests check it against the explicit path)."""
-    batch, heads, tgt_len, src_len = scores.shape
-    index = [torch.arange(n, device=scores.device) for n in (batch, heads, tgt_len, src_len)]
-    b, h, q_idx, kv_idx = (i.view([-1 if d == axis else 1 for d in range(4)]) for axis, i in enumerate(index))
-    return score_mod(scores, b, h, q_idx, kv_idx)
 
 
 #: flex_attention's lengths are padded to a multiple of its block size: its backward with a block mask

@@ -6,9 +6,10 @@ pass from its tokens and passes it *with every layer call* (see
 (activation checkpointing's recomputation, ``torch.compile``, FSDP, hooks) sees exactly what the
 first call saw. Every index tensor a position term needs (token positions, query-minus-key
 distances) is computed here once per batch, eagerly and without a host-device synchronisation, and
-shared by every layer and head. Per-token side data that a batch carries for a method (a parse's tree
-depths and walk times) is held as given, by name (:attr:`PositionContext.side_data`); the method that
-reads it derives what it needs from it with its own :class:`Preparation`.
+shared by every layer and head. Per-token side data that a batch carries for a method (declared by the
+method as a ``BatchSideData`` and unpacked by the side) is held as given, by name
+(:attr:`PositionContext.side_data`); the method that reads it derives what it needs from it with its own
+:class:`Preparation`.
 
 Positions are *token* positions: with fairseq's left-padded source, position 0 is the first real
 token, never a pad.
@@ -16,8 +17,8 @@ token, never a pad.
 Derived tensors are built once where they cannot change:
 
 - :class:`Preparation` (:meth:`PositionContext.prepared`): a term *declares* each parameter-free
-  tensor it derives from the batch's geometry (the float padding mask, rotary angles, T5 buckets,
-  ALiBi's bias, the blocked entries, flex_attention's block mask) as a frozen dataclass whose fields
+  tensor it derives from the batch's geometry (the float padding mask, a query/key transform's angles, a
+  bias's buckets or values, the blocked entries, flex_attention's block mask) as a frozen dataclass whose fields
   are everything the tensor depends on besides the context, and whose ``build(ctx)`` makes it. The
   dataclass itself is the key: the first layer that asks builds it, every other layer of the side
   with the same configuration gets it, and a key can never miss an input. Parameter-free only:
@@ -25,8 +26,8 @@ Derived tensors are built once where they cannot change:
   on a parameter would lose its gradient in the recomputation.
 - :class:`SequenceTables` (:meth:`PositionContext.sequence_table`): in incremental decoding, the
   decoder keeps one per sequence in fairseq's incremental state and hands it to the context of every
-  step. Terms whose per-step work depends on positions only (a bias row, DA's coefficients, the
-  convolution's filters, the rotation angles) build it once for a length bucket (a power of two) and
+  step. Terms whose per-step work depends on positions only (a bias row, a logit scaling's coefficients, a
+  post-softmax transform's filters, a query/key transform's angles) build it once for a length bucket (a power of two) and
   slice it at each step, instead of rebuilding it per step and layer. A table is keyed by what it is
   built from: the term itself (its parameters, :meth:`PositionTerm.table_key`) and the dtype it is
   built in, or, for a parameter-free table, its preparation's configuration without the length.
@@ -123,8 +124,8 @@ class PositionContext:
             side's padding is on the right, where a real token's position is its index.
         left_pads: ``(batch,)`` number of pads before each sequence's first token, or None (right
             padding).
-        side_data: per-token side data of the batch by name, each ``(batch, length)`` (a parse's
-            ``depth``, ``tin``, ``tout``, collated by ``--task translation_structural``); empty without.
+        side_data: per-token side data of the batch by name, each ``(batch, length)`` (the rows of the
+            ``BatchSideData`` its side's methods read, collated by the task); empty without.
         tables: the sequence's :class:`SequenceTables` in incremental decoding without gradients on
             a right-padded side, else None.
         causal: the side is causal (a decoder): query i sees the keys up to its own position only.

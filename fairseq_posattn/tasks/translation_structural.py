@@ -25,6 +25,7 @@ from fairseq.tasks import register_task
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
 
 from fairseq_posattn.data.structural_dataset import StructuralLanguagePairDataset, collate_structure
+from fairseq_posattn.modules.position_terms.structural import PARSE
 from fairseq_posattn.structure.alignment import align_pieces, words_of_pieces
 from fairseq_posattn.structure.side_data import token_side_data
 from fairseq_posattn.user_errors import UserError
@@ -59,7 +60,8 @@ class TranslationStructuralConfig(TranslationConfig):
 class TranslationStructuralTask(TranslationTask):
     """Translation whose source sentences carry dependency-tree positions (Wang et al. 2019)."""
 
-    provides_structure = True
+    #: the side data its batches carry: each source sentence's parse, for --encoder-structural-positions
+    collated_side_data = (PARSE.key,)
 
     def __init__(self, cfg: TranslationStructuralConfig, src_dict, tgt_dict):
         super().__init__(cfg, src_dict, tgt_dict)

@@ -17,7 +17,9 @@ a language-model row (``lm-`` prefix, on the decoder), checked against the bound
 references are listed there.
 
 Structural variants (Wang et al. 2019; docs/methods.md) read ``src_structure`` (depth, tin, tout
-per source token, as ``--task translation_structural`` collates it). Every source sentence of m BPE
+per source token, as ``--task translation_structural`` collates it); a method that reads other side data
+gets its declared example data (``BatchSideData.example``), and each model is handed the side data its
+methods read. Every source sentence of m BPE
 pieces gets the side data of a forest of real UD English-EWT trees (``--conllu``) of about
 m / 1.5 words, the pieces spread over the words as subwords; it is computed once per process with
 :func:`~fairseq_posattn.structure.side_data.token_side_data`, outside every timed region (the parse
@@ -48,7 +50,7 @@ hash). Per row group (batch shape):
 3. Decoding: one process builds vanilla and the ``--decode-variants`` in eval mode and runs fairseq's
    ``SequenceGenerator`` (beam 5 and fairseq-generate's other defaults) round-robin on the same
    source batches of ``--decode-batch-size`` sentences, as ``fairseq-generate`` calls it
-   (``net_input`` goes to the encoder, ``src_structure`` included for structural models). The
+   (``net_input`` goes to the encoder, with the side data its methods read). The
    models are untrained, so every hypothesis is forced to ``--decode-length`` tokens plus EOS
    (``min_len = max_len_b = --decode-length``, ``max_len_a = 0``): every model runs the same number
    of decoder steps on the same number of hypotheses. Speed ratio: median over the rounds of

@@ -8,7 +8,7 @@ torch, numpy and fairseq are imported inside the functions: only the workers bui
 import bisect
 import hashlib
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Sequence, Tuple
 
 #: BPE pieces per word of the synthetic structural sources (EWT with 2,000 merges: about 1.5)
 PIECES_PER_WORD = 1.5
@@ -172,6 +172,17 @@ def add_structure(batches: Sequence[Dict[str, Any]], trees: Sequence[List[int]],
         sides = [torch.from_numpy(forest_side_data(int(n), trees, sizes, rng)).long()
                  for n in net_input["src_lengths"]]
         net_input["src_structure"] = collate_structure(sides, net_input["src_tokens"], left_pad=True)
+
+
+def add_side_data(batches: Sequence[Dict[str, Any]], side_data: Mapping[str, Any], pad: int) -> None:
+    """Put the side data of every registered method (``side_data``: ``BatchSideData`` by ``net_input`` key) that
+    the batches do not carry yet into their ``net_input``: each method's example data for the source, padded as
+    it is (the parses come from real trees: :func:`add_structure`)."""
+    for batch in batches:
+        net_input = batch["net_input"]
+        for key, data in side_data.items():
+            if key not in net_input:
+                net_input[key] = data.collate(net_input["src_tokens"].eq(pad))
 
 
 def batches_digest(batches: Sequence[Dict[str, Any]]) -> str:

@@ -32,11 +32,6 @@ class Variant:
     arch: str = POSATTN_ARCH
 
     @property
-    def structural(self) -> bool:
-        """True when the model reads the source's structural side data (``src_structure``)."""
-        return "--encoder-structural-positions" in self.flags
-
-    @property
     def task(self) -> str:
         """The fairseq task the model is built for: a language model or a translation model."""
         return LANGUAGE_MODELING if self.arch.startswith("transformer_lm") else TRANSLATION

@@ -13,7 +13,8 @@ from dataclasses import asdict, dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
 from posattn_benchmark.batches import (
-    BatchShape, add_structure, batches_digest, load_trees, make_batches, make_dictionary, make_lm_batches,
+    BatchShape, add_side_data, add_structure, batches_digest, load_trees, make_batches, make_dictionary,
+    make_lm_batches,
 )
 from posattn_benchmark.variants import LANGUAGE_MODELING, TRANSLATION, Variant
 
@@ -66,11 +67,16 @@ class WorkerSpec:
         return cls(**raw)
 
 
-def model_input(variant: Variant, net_input: Dict[str, Any]) -> Dict[str, Any]:
-    """``net_input`` as ``variant``'s model takes it: ``src_structure`` for structural models only."""
-    if variant.structural:
-        return net_input
-    return {key: value for key, value in net_input.items() if key != "src_structure"}
+#: the keys of ``net_input`` that every model of a task reads (the rest is side data)
+TOKEN_INPUTS = ("src_tokens", "src_lengths", "prev_output_tokens")
+
+
+def model_input(model: Any, net_input: Dict[str, Any]) -> Dict[str, Any]:
+    """``net_input`` as ``model`` takes it: the side data that its encoder's position methods read, and no
+    other (fairseq's own models take tokens only)."""
+    side = getattr(getattr(model, "encoder", None), "position_side", None)
+    reads = {data.key for _, data in side.side_data} if side is not None else set()
+    return {key: value for key, value in net_input.items() if key in TOKEN_INPUTS or key in reads}
 
 
 def peak_rss_mb() -> float:
@@ -106,7 +112,10 @@ class Worker:
             batches = make_lm_batches(self.dictionary, spec.shape, count, spec.seed)
         else:
             batches = make_batches(self.dictionary, spec.shape, count, spec.seed)
+            from fairseq_posattn.modules.position_terms.catalogue import all_side_data
+
             add_structure(batches, load_trees(spec.conllu), spec.seed)
+            add_side_data(batches, all_side_data("encoder"), self.dictionary.pad())
         self.digest = batches_digest(batches)
         self.batch_shapes = [list(b["net_input"]["src_tokens"].shape) for b in batches]
         self.batches = [
@@ -139,8 +148,9 @@ class Worker:
             task_flags = ["--task", TRANSLATION, "--max-source-positions", positions]
         argv = [*task_flags, "--arch", variant.arch, "--max-target-positions", positions,
                 "--dropout", "0.1", *self.spec.size_flags, *variant.flags]
-        # --task translation_structural provides the parse that structural variants read
-        task = DictionaryTask(self.dictionary, self.dictionary, provides_structure=variant.structural)
+        # the side data the batches carry (a parse, ...), as the task that collates it would declare it
+        collated = tuple(key for key in self.batches[0]["net_input"] if key not in TOKEN_INPUTS)
+        task = DictionaryTask(self.dictionary, self.dictionary, collated_side_data=collated)
         torch.manual_seed(self.spec.seed)
         dtype = torch.bfloat16 if self.spec.precision == "bf16" else torch.float32
         model = build_model(argv, task).to(device=self.device, dtype=dtype).train()
@@ -155,7 +165,7 @@ class Worker:
         from fairseq.criterions.label_smoothed_cross_entropy import label_smoothed_nll_loss
 
         pad = self.dictionary.pad()
-        net_input = model_input(variant, batch["net_input"])
+        net_input = model_input(model, batch["net_input"])
         self.synchronize()
         start = time.perf_counter()
         net_output = model(**net_input)
@@ -221,7 +231,7 @@ class Worker:
         """Beam search on one batch, as ``fairseq-generate`` runs it; its time in ms."""
         self.synchronize()
         start = time.perf_counter()
-        hypotheses = generator.generate([model], {"net_input": model_input(variant, batch["net_input"])})
+        hypotheses = generator.generate([model], {"net_input": model_input(model, batch["net_input"])})
         self.synchronize()
         elapsed_ms = (time.perf_counter() - start) * 1000
         lengths = {h["tokens"].numel() for beam in hypotheses for h in beam}

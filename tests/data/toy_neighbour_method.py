@@ -2,8 +2,10 @@
 copies it into a copy of the package's ``position_terms/`` with one import line, and nothing else.
 
 The term adds a learned bias ``b_h`` per head to the logits of the two neighbours of a query
-(``|i - j| = 1``), in both of the kernel's forms (a tensor and a ``score_mod``), and shows ``b_h``
-over ``i - j`` in posattn-inspect.
+(``|i - j| = 1``), and shows ``b_h`` over ``i - j`` in posattn-inspect. It states its mathematics once,
+as a ``score_mod``: the dense bias of the kernel's explicit and SDPA paths is derived from it
+(:class:`~fairseq_posattn.modules.position_terms.base.AdditiveLogitBias`, which evaluates it over
+``num_heads`` heads).
 """
 
 from typing import Any, List
@@ -22,11 +24,8 @@ class NeighbourBias(AdditiveLogitBias):
 
     def __init__(self, num_heads: int):
         super().__init__()
+        self.num_heads = num_heads
         self.b = nn.Parameter(torch.zeros(num_heads))
-
-    def forward(self, ctx: PositionContext, tgt_len: int, src_len: int) -> Tensor:
-        near = ctx.relative_distances(tgt_len, src_len).abs() == 1
-        return (self.b[:, None, None] * near.to(self.b.dtype)).unsqueeze(0)
 
     def score_mod(self, ctx: PositionContext, q: Tensor, src_len: int) -> ScoreMod:
         b, offset = self.b, src_len - q.size(2)

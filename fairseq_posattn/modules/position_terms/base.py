@@ -3,19 +3,26 @@
 The attention kernel (:mod:`fairseq_posattn.modules.attention`) owns projections, masking, softmax
 and dropout; a position term only says how it changes one step of that computation:
 
-- :class:`ProjectionScaling`: a rescaling of the projection weights (the learnable temperature);
-- :class:`QueryKeyTransform`: a transform of the projected queries and keys (rotary embedding);
-- :class:`AdditiveLogitBias`: a bias added to the scaled logits before the softmax;
-- :class:`TokenDifferenceBias`: a bias ``c_i - c_j`` of per-token values computed from the layer's input (FoX);
-- :class:`LogitScaling`: an elementwise rescaling of the content logits;
-- :class:`KeyValueAugmentation`: extra key and value vectors per (query, key) pair;
-- :class:`RowDependentBias`: a bias computed from each query's masked logits row (CoPE);
-- :class:`PostSoftmaxTransform`: a transform of the post-softmax attention matrix.
+- :class:`ProjectionScaling`: rescales the projection weights before they are applied (e.g. the learnable
+  temperature);
+- :class:`QueryKeyTransform`: transforms the projected queries and keys of the current tokens (e.g. rotary
+  embedding);
+- :class:`AdditiveLogitBias`: adds a bias of the query and key positions to the scaled logits before the
+  masks and the softmax (e.g. ALiBi, T5's buckets);
+- :class:`TokenDifferenceBias`: adds ``c_i - c_j`` of per-token values computed from the layer's input
+  (e.g. FoX);
+- :class:`LogitScaling`: rescales the content logits elementwise (e.g. distance-aware attention);
+- :class:`KeyValueAugmentation`: adds a key vector and a value vector per (query, key) pair (e.g. Shaw's
+  relative embeddings);
+- :class:`RowDependentBias`: adds a bias computed from each query's row of masked logits (e.g. CoPE);
+- :class:`PostSoftmaxTransform`: transforms the post-softmax attention matrix (e.g. the attention
+  convolutions).
 
 Terms read token geometry from a :class:`~fairseq_posattn.modules.position_context.PositionContext`,
 which is built once per batch and shared by every layer.
 """
 
+import itertools
 from typing import Callable, Dict, Hashable, List, Optional, Tuple
 
 import torch
@@ -32,6 +39,22 @@ from fairseq_posattn.modules.position_terms.quantities import Quantity
 #: earlier steps of docs/methods.md's order; the indices are integer tensors that broadcast against
 #: ``score`` (flex_attention hands one element at a time, the dense check a whole grid).
 ScoreMod = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
+
+
+def apply_densely(score_mod: ScoreMod, scores: Tensor, batch: Optional[int] = None) -> Tensor:
+    """``score_mod`` evaluated on every (batch, head, query, key) of ``scores`` at once: the form that
+    flex_attention fuses, computed on any device (the tests check it against the explicit path; an additive
+    term's default dense form is this of its own ``score_mod``).
+
+    ``batch``: the number of sentences the index ``b`` ranges over where ``scores`` has one row for them all
+    (size 1 in its first dimension): the result then has a row per sentence only where ``score_mod`` reads
+    ``b``; None: ``b`` ranges over the rows of ``scores``."""
+    sizes = list(scores.shape)
+    if batch is not None:
+        sizes[0] = batch
+    index = [torch.arange(n, device=scores.device) for n in sizes]
+    b, h, q_idx, kv_idx = (i.view([-1 if d == axis else 1 for d in range(4)]) for axis, i in enumerate(index))
+    return score_mod(scores, b, h, q_idx, kv_idx)
 
 
 def at_least_fp32(dtype: torch.dtype) -> torch.dtype:
@@ -181,15 +204,59 @@ class QueryKeyTransform(PositionTerm):
 
 
 class AdditiveLogitBias(PositionTerm):
-    """Kind 1: ``logits + bias``, after the 1/sqrt(d_h) scaling and before masks and softmax."""
+    """Kind 1: ``logits + bias``, after the 1/sqrt(d_h) scaling and before masks and softmax.
+
+    A term states its bias once, as its pointwise form :meth:`score_mod`; the dense form that the explicit and
+    SDPA paths add (:meth:`forward`) is derived from it by default. A term that overrides :meth:`forward`
+    declares a faster dense form of the same bias (prepared once per batch, or sliced from a sequence's table
+    in incremental decoding), and the tests prove the two equal, for every registered variant, on both sides,
+    padded left and right and for a decoding step's query, in fp64 with gradients:
+    ``tests/test_kernel_paths.py::test_score_mod_equals_explicit_logits_and_their_gradients`` (the explicit
+    path's logits, which add :meth:`forward`, against the layer's pointwise forms evaluated densely, as
+    flex_attention fuses them; exactly in fp64, and in fp32) and
+    ``tests/test_kernel_paths.py::test_each_additive_terms_dense_form_equals_the_one_derived_from_its_score_mod``
+    (each term's declared :meth:`forward` against the derived one, exactly). A term without a :meth:`score_mod`
+    states its bias in :meth:`forward` alone (and never takes flex_attention)."""
 
     #: the bias is a function of the query and key positions alone (not of the batch's tokens or
     #: parse): in incremental decoding :meth:`bias` slices each step's rows from one table per sequence
     positions_only: bool = True
 
+    #: the number of heads, over which the default :meth:`forward` evaluates :meth:`score_mod` (a term that
+    #: declares its own :meth:`forward` need not set it)
+    num_heads: Optional[int] = None
+
     def forward(self, ctx: PositionContext, tgt_len: int, src_len: int) -> Tensor:
-        """Return a bias broadcastable to ``(batch, heads, tgt_len, src_len)``."""
-        raise NotImplementedError
+        """The bias, broadcastable to ``(batch, heads, tgt_len, src_len)``, in a floating dtype (the kernel
+        casts it to the logits').
+
+        By default the term's own :meth:`score_mod` evaluated on a zero grid (:func:`apply_densely`) of
+        ``(1, heads, tgt_len, src_len)`` whose sentence index ``b`` ranges over the batch: the bias has a row
+        per sentence only where the pointwise form reads ``b`` (token positions of a left-padded side, side
+        data). It is computed in the dtype of the term's tensors promoted to fp32 at least (:meth:`dense_dtype`),
+        as the kernel's precision-sensitive steps are. The queries it hands :meth:`score_mod` are a placeholder
+        without head dimensions: a bias of this kind is not a function of them."""
+        name = type(self).__name__
+        if not self.has_score_mod():
+            raise NotImplementedError(f"{name} states no bias: implement score_mod (the dense form is derived "
+                                      "from it) or forward")
+        if self.num_heads is None:
+            raise NotImplementedError(f"{name} must set num_heads, the heads its score_mod is evaluated over "
+                                      "for the dense form (or implement forward)")
+        batch, device, dtype = ctx.padding_mask.size(0), ctx.padding_mask.device, self.dense_dtype()
+        queries = torch.zeros(batch, self.num_heads, tgt_len, 0, dtype=dtype, device=device)
+        score_mod = self.score_mod(ctx, queries, src_len)
+        grid = torch.zeros(1, self.num_heads, tgt_len, src_len, dtype=dtype, device=device)
+        return apply_densely(score_mod, grid, batch=batch)
+
+    def dense_dtype(self) -> torch.dtype:
+        """The dtype of the default dense form: that of the term's first floating tensor (its own parameters
+        and buffers, then its side-wide modules'), fp32 at least; fp32 for a term without one."""
+        for module in (self, *self.side_modules()):
+            for tensor in itertools.chain(module.parameters(), module.buffers()):
+                if tensor.is_floating_point():
+                    return at_least_fp32(tensor.dtype)
+        return torch.float32
 
     def bias(self, ctx: PositionContext, tgt_len: int, src_len: int) -> Tensor:
         """What the kernel adds: :meth:`forward`, or in incremental decoding the last ``tgt_len`` of

@@ -1,9 +1,11 @@
 """The catalogue the registry's declarations make: the variants the tests and the benchmark build (with their
-paper-style labels and command-line flags) and the all-at-once model of the tests."""
+paper-style labels and command-line flags), the all-at-once model of the tests, and the side data that the
+methods read from batches (which the tests' and the benchmark's batches carry)."""
 
 from typing import Any, Dict, List, Mapping, Optional
 
 from fairseq_posattn.modules.position_terms.registry import REGISTRY
+from fairseq_posattn.modules.position_terms.side_inputs import BatchSideData
 
 
 def variant_flags(side: str, values: Mapping[str, Any]) -> List[str]:
@@ -42,3 +44,9 @@ def combined_options(side: Optional[str] = None) -> Dict[str, Any]:
         if side is None or side in method.sides:
             found.update(method.combined)
     return found
+
+
+def all_side_data(side: Optional[str] = None) -> Dict[str, BatchSideData]:
+    """The side data that the registered methods (of ``side``) read from batches, by ``net_input`` key."""
+    return {method.side_data.key: method.side_data for method in REGISTRY.values()
+            if method.side_data is not None and (side is None or side in method.sides)}

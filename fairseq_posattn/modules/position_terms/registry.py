@@ -8,6 +8,10 @@ A :class:`PositionMethod` says everything the rest of the plug-in needs to know 
 - its validation, raising :class:`PositionOptionError` with the option to change;
 - the position terms it builds for one layer of a side (the kernel sorts them by kind);
 - whether it needs t (the side's ``--max-*-positions``), which the side then checks per batch;
+- the data it reads from every batch beside the tokens, which a task collates (a
+  :class:`~fairseq_posattn.modules.position_terms.side_inputs.BatchSideData`), and the position embedding it
+  gives the side's input, if any (an
+  :class:`~fairseq_posattn.modules.position_terms.side_inputs.InputPositionEmbedding`);
 - the variants that the tests and the benchmark build (with their paper-style labels), its options
   in the all-at-once model the tests build, and the benchmark's ratio target.
 
@@ -24,10 +28,11 @@ of the options in ``--help`` and of the terms within a kind.
 """
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from torch import nn
 
+from fairseq_posattn.modules.position_terms.side_inputs import BatchSideData, InputPositionEmbedding
 from fairseq_posattn.user_errors import UserError
 
 SIDES = ("encoder", "decoder")
@@ -46,6 +51,8 @@ class MethodOption:
     default: Any
     help: str
     choices: Tuple[str, ...] = ()
+    #: the option drops a term's value part (which has no pointwise form), keeping its key part
+    keys_only: bool = False
 
 
 @dataclass(frozen=True)
@@ -75,6 +82,8 @@ class PositionMethod:
     labels: Mapping[str, str] = {}
     #: the method's option values in the all-at-once model of the tests ({}: not in it)
     combined: Mapping[str, Any] = {}
+    #: the data the method reads from every batch beside its tokens while it is on, which a task collates
+    side_data: Optional[BatchSideData] = None
 
     def is_on(self, options: Any) -> bool:
         """True when the options ask for this method on the side."""
@@ -91,6 +100,17 @@ class PositionMethod:
     def terms(self, options: Any, layer: LayerSpec) -> List[nn.Module]:
         """The position terms of one layer of the side (empty where the method skips the layer)."""
         return []
+
+    def input_embedding(self, options: Any, embed_dim: int, padding_idx: int,
+                        sequential: bool) -> Optional[InputPositionEmbedding]:
+        """The position embedding of the side's input, where the options ask for one; ``sequential``: the side
+        has sequential position embeddings (which the module receives, to combine or replace)."""
+        return None
+
+    def asked_by(self, options: Any) -> str:
+        """The option that switches the method on, with its value, as errors name it."""
+        option = self.options[0].name
+        return f"{options.flag(option)} {getattr(options, option)}"
 
 
 REGISTRY: Dict[str, PositionMethod] = {}

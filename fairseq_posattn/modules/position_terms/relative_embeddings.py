@@ -151,7 +151,7 @@ class RelativePositionsMethod(PositionMethod):
                      "layer of the {what} (Transformer-RPR); 0 = off"),
         MethodOption("relative_positions_keys_only", False,
                      "with --{side}-relative-positions: key embeddings only, no value term (Shaw et al.'s "
-                     "Table 3 ablation); runs on flex_attention on a GPU"),
+                     "Table 3 ablation); runs on flex_attention on a GPU", keys_only=True),
     )
     benchmark_target = "key_value"
     variants = {"shaw": {"relative_positions": 3},

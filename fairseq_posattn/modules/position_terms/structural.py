@@ -1,18 +1,29 @@
-"""Relative structural position representations (Wang et al. 2019, 3.2; see docs/methods.md).
+"""Structural positions (Wang et al. 2019, section 3; see docs/methods.md), from each source sentence's parse.
 
-Shaw-style key and value embeddings indexed by the clipped relative structural position of each
-(query, key) pair, a table of their own; with sequential Shaw embeddings also on, both tables add. The
-positions come from the parse each batch carries as side data (:data:`PARSE`, in the context's
-``side_data``), derived once per batch by a :class:`StructuralBuckets` preparation.
+- **Absolute** (eq. 5 and 7): the tree depth of each token's word goes through the *same* sinusoidal function
+  as fairseq's sequential positions (fairseq offsets positions by ``padding_idx + 1``; depth d uses the row that
+  sequential position d uses), and joins the sequential embedding by ``add`` (the parameter-free sum, the
+  paper's footnote 1) or ``nonlinear``: ``tanh(W [PE_seq ; PE_stru] + b)``, a learned fusion (the paper's
+  f_abs, eq. 7, whose form the paper leaves open). Without sequential embeddings
+  (``--encoder-no-token-positional-embeddings``) the structural one is used alone.
+- **Relative** (3.2): Shaw-style key and value embeddings indexed by the clipped relative structural position
+  of each (query, key) pair, a table of their own; with sequential Shaw embeddings also on, both tables add.
+
+Both read the parse that ``--task translation_structural`` collates into every batch (:data:`PARSE`, in the
+context's ``side_data``); the relative positions are derived once per batch by a :class:`StructuralBuckets`
+preparation.
 """
 
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Dict, List, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
+import torch.nn.functional as F
+from fairseq.modules import SinusoidalPositionalEmbedding
 from torch import Tensor, nn
 
 from fairseq_posattn.modules.position_context import PositionContext
+from fairseq_posattn.modules.position_terms.base import check_length
 from fairseq_posattn.modules.position_terms.quantities import Quantity
 from fairseq_posattn.modules.position_terms.registry import (
     LayerSpec,
@@ -22,11 +33,11 @@ from fairseq_posattn.modules.position_terms.registry import (
     register,
 )
 from fairseq_posattn.modules.position_terms.relative_embeddings import RelativeBuckets, RelativePositionEmbeddings
+from fairseq_posattn.modules.position_terms.side_inputs import BatchSideData, InputPositionEmbedding
 
-
-#: the names of the per-token side data of a parse, collated by ``--task translation_structural``: each token's
-#: word's tree depth and the entry and exit times of that word in a depth-first walk of the parse
-PARSE = ("depth", "tin", "tout")
+#: the rows of a parse's per-token side data: each token's word's tree depth and the entry and exit times of
+#: that word in a depth-first walk of the parse (EOS and pads: depth 0, ``tin = tout = -1``)
+PARSE_FIELDS = ("depth", "tin", "tout")
 
 
 def structural_relative(depth: Tensor, tin: Tensor, tout: Tensor, clip: int) -> Tensor:
@@ -55,10 +66,10 @@ def structural_relative(depth: Tensor, tin: Tensor, tout: Tensor, clip: int) -> 
 
 def parse_of(ctx: PositionContext) -> Tuple[Tensor, Tensor, Tensor]:
     """The batch's :data:`PARSE` side data, or a clear error where the batch carries none."""
-    if not all(name in ctx.side_data for name in PARSE):
+    if not all(name in ctx.side_data for name in PARSE_FIELDS):
         raise ValueError("structural positions need the parse side data of each sentence: train and "
                          "translate with --task translation_structural")
-    depth, tin, tout = (ctx.side_data[name] for name in PARSE)
+    depth, tin, tout = (ctx.side_data[name] for name in PARSE_FIELDS)
     return depth, tin, tout
 
 
@@ -81,17 +92,23 @@ def binary_tree_side_data(length: int) -> Tuple[List[int], List[int], List[int]]
 
 
 def example_parse(padding_mask: Tensor) -> Dict[str, Tensor]:
-    """:data:`PARSE` side data of a batch padded as ``padding_mask``: each sentence a complete binary tree of
+    """Parse side data (:data:`PARSE_FIELDS`) of a batch padded as ``padding_mask``: each sentence a complete binary tree of
     two-piece words, EOS last (:func:`binary_tree_side_data`), ``tin = tout = -1`` and depth 0 at pads."""
     batch, longest = padding_mask.shape
-    data = {name: torch.full((batch, longest), -1, dtype=torch.long) for name in PARSE}
+    data = {name: torch.full((batch, longest), -1, dtype=torch.long) for name in PARSE_FIELDS}
     real = ~padding_mask.cpu()
     for row in range(batch):
         tokens = real[row].nonzero().flatten()
-        for name, values in zip(PARSE, binary_tree_side_data(tokens.numel())):
+        for name, values in zip(PARSE_FIELDS, binary_tree_side_data(tokens.numel())):
             data[name][row, tokens] = torch.tensor(values)
     data["depth"].clamp_(min=0)
     return {name: values.to(padding_mask.device) for name, values in data.items()}
+
+
+#: the parse of every source sentence, as ``--task translation_structural`` collates it: ``net_input
+#: ["src_structure"]`` ``(batch, 3, src_len)`` (see :mod:`fairseq_posattn.data.structural_dataset`)
+PARSE = BatchSideData("src_structure", PARSE_FIELDS, "each source sentence's dependency parse",
+                      "--task translation_structural", example_parse)
 
 
 @dataclass(frozen=True)
@@ -130,6 +147,36 @@ class StructuralRelativeEmbeddings(RelativePositionEmbeddings):
                 for q in super().inspect(positions)]
 
 
+class StructuralPositionalEmbedding(InputPositionEmbedding):
+    """The sinusoid of each token's tree depth, joined with the sequential embedding (module docstring)."""
+
+    legacy_names = ("structural_embedding",)
+
+    def __init__(self, embed_dim: int, padding_idx: int, max_depth: int, fusion: str):
+        super().__init__()
+        self.padding_idx = padding_idx
+        self.max_depth = max_depth
+        table = SinusoidalPositionalEmbedding.get_embedding(max_depth + padding_idx + 2, embed_dim, padding_idx)
+        self.register_buffer("table", table, persistent=False)
+        self.fusion = nn.Linear(2 * embed_dim, embed_dim) if fusion == "nonlinear" else None
+
+    def forward(self, ctx: PositionContext, sequential: Optional[Tensor]) -> Tensor:
+        """``(batch, length, dim)`` from the batch's depths ``(batch, length)`` and ``sequential``."""
+        return self.embed(ctx.side_data["depth"], ctx.padding_mask, sequential)
+
+    def embed(self, depth: Tensor, padding_mask: Tensor, sequential: Optional[Tensor]) -> Tensor:
+        """``depth``, ``padding_mask``: ``(batch, length)``; ``sequential``: ``(batch, length, dim)`` or None."""
+        # a word's depth is below the sentence's token count: checking the length needs no sync
+        check_length(depth.size(1), self.max_depth, "the structural position embedding (tree depth)")
+        index = (depth + self.padding_idx + 1).masked_fill(padding_mask, self.padding_idx)
+        structural = F.embedding(index, self.table.to(sequential.dtype if sequential is not None else self.table.dtype))
+        if sequential is None:
+            return structural
+        if self.fusion is None:
+            return sequential + structural
+        return torch.tanh(self.fusion(torch.cat([sequential, structural], dim=-1)))
+
+
 def embeds_tree_depth(options: Any) -> bool:
     """The encoder's input gets the absolute structural embedding of each token's tree depth."""
     return options.structural_positions in ("absolute", "both")
@@ -157,9 +204,10 @@ class StructuralPositionsMethod(PositionMethod):
         MethodOption("structural_clip", 16, "clip r of the relative structural positions (Wang et al.: 16)"),
         MethodOption("structural_keys_only", False,
                      "relative structural positions with key embeddings only, no value term (as Shaw et "
-                     "al.'s Table 3 ablation); runs on flex_attention on a GPU"),
+                     "al.'s Table 3 ablation); runs on flex_attention on a GPU", keys_only=True),
     )
     benchmark_target = "key_value"
+    side_data = PARSE
     #: structural variants need parses: the tests and the benchmark build them with side data
     variants = {}
 
@@ -189,6 +237,17 @@ class StructuralPositionsMethod(PositionMethod):
             return []
         return [StructuralRelativeEmbeddings(layer.head_dim, options.structural_clip,
                                              values=not options.structural_keys_only)]
+
+    def input_embedding(self, options: Any, embed_dim: int, padding_idx: int,
+                        sequential: bool) -> Optional[InputPositionEmbedding]:
+        if not embeds_tree_depth(options):
+            return None
+        if options.structural_fusion == "nonlinear" and not sequential:
+            raise PositionOptionError(
+                f"{options.flag('structural_fusion')} nonlinear fuses the structural with the sequential "
+                "position embeddings: drop --no-token-positional-embeddings and "
+                f"{options.flag('no_token_positional_embeddings')}, or use {options.flag('structural_fusion')} add")
+        return StructuralPositionalEmbedding(embed_dim, padding_idx, options.max_positions, options.structural_fusion)
 
 
 register(StructuralPositionsMethod())
