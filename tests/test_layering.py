@@ -60,14 +60,15 @@ def test_the_kernel_knows_kinds_of_term_and_no_method():
     assert methods == []
 
 
-#: the shared core: every file under modules/ but the methods' own, and the side's files under models/
+#: the shared core: every file under modules/ but the methods' own, the side's files under models/, inspection
 SHARED_CORE = [
     *(os.path.join("modules", name) for name in sorted(os.listdir(os.path.join(PACKAGE, "modules")))
       if name.endswith(".py")),
     *(os.path.join("modules", "position_terms", name)
-      for name in ("registry.py", "catalogue.py", "quantities.py", "side_inputs.py")),
+      for name in ("base.py", "registry.py", "catalogue.py", "quantities.py", "side_inputs.py")),
     *(os.path.join("models", name) for name in ("position_side.py", "position_options.py",
                                                 "position_aware_transformer.py", "building.py")),
+    *(os.path.join("inspect", name) for name in ("capture.py", "plots.py")),
 ]
 
 

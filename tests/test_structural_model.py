@@ -177,3 +177,19 @@ def test_nonlinear_fusion_without_sequential_positions_is_refused():
                                             "--encoder-structural-positions", "absolute",
                                             "--encoder-structural-fusion", "nonlinear"],
                     task=StructuralTask())
+
+
+def test_weights_saved_before_the_input_embedding_was_the_sides_load():
+    """Checkpoints of 0.2 kept the absolute structural embedding's fusion under ``encoder.structural_embedding``:
+    fairseq's loading upgrades them to the side's ``encoder.position_input`` and the model computes the same."""
+    torch.manual_seed(0)
+    saved = randomized(build_model("transformer_posattn", STRUCTURAL_FLAGS, task=StructuralTask())).eval()
+    old = {key.replace("encoder.position_input.", "encoder.structural_embedding."): value
+           for key, value in saved.state_dict().items()}
+    assert "encoder.structural_embedding.fusion.weight" in old
+    loaded = build_model("transformer_posattn", STRUCTURAL_FLAGS, task=StructuralTask()).eval()
+    loaded.load_state_dict(old, strict=True)
+    src = torch.tensor([[5, 9, 11, 7, 6, 2]])
+    structure = side_batch([[2, 0, 2, 5, 3]], left_pad=True)
+    torch.testing.assert_close(loaded.encoder(src, src_structure=structure)["encoder_out"][0],
+                               saved.encoder(src, src_structure=structure)["encoder_out"][0], rtol=0, atol=0)

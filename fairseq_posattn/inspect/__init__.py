@@ -1,4 +1,4 @@
-"""Look inside a trained model: attention maps, learned position parameters, structural positions.
+"""Look inside a trained model: attention maps, learned position parameters, the side data its methods read.
 
 :mod:`~fairseq_posattn.inspect.capture` runs a loaded model once on one sentence and collects the
 numbers; :mod:`~fairseq_posattn.inspect.plots` draws them; ``posattn-inspect``

@@ -12,8 +12,9 @@
   registry.Quantity` records: named arrays with a generic layout), under the name of the term's
   registered method (a term that reads a side-wide module, e.g. T5's table, once per side); a
   post-softmax transform also shows the attention before and after it.
-- **Structural positions** of the source (``--task translation_structural``): token depths and
-  the relative structural matrix next to the sequential one.
+- **Side data** of the source that a position method reads (``BatchSideData``, collated by the task: the
+  structural method's parse), as the method traces it (``trace_side_data``: rows per token and matrices over
+  token pairs), under the kind the data names (``shown_as``).
 - **Positional attentive LSTM LM** (Dagan 2019): ``mu_t``, ``sigma_t`` and the Gaussian attention
   weights of every step (see :class:`PositionalRecorder` for what it needs from the model).
 
@@ -21,7 +22,7 @@ Everything is for batch row 0 of a one-sentence sample, as tensors on the CPU.
 """
 
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from inspect import signature
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
@@ -33,15 +34,13 @@ from fairseq.sequence_generator import SequenceGenerator
 from torch import Tensor, nn
 
 from fairseq_posattn.models.attentive_lstm.positional_attention import PositionalAttention
-from fairseq_posattn.models.position_options import side_defaults
 from fairseq_posattn.modules.attention import PositionAwareMultiheadAttention
 from fairseq_posattn.modules.position_terms.base import PostSoftmaxTransform
-from fairseq_posattn.modules.position_terms.quantities import MATRIX, Quantity
-from fairseq_posattn.modules.position_terms.registry import REGISTRY, method_of
-from fairseq_posattn.modules.position_terms.structural import structural_relative
+from fairseq_posattn.modules.position_terms.quantities import MATRIX, Quantity, SideDataTrace
+from fairseq_posattn.modules.position_terms.registry import REGISTRY, PositionMethod, method_of
 
 #: kinds that every model may have, whatever its position methods: (before them, after them)
-GENERIC_KINDS = (("attention",), ("structure", "lstm"))
+GENERIC_KINDS = (("attention",), ("lstm",))
 #: sides of the attention maps, in drawing order
 SIDES = ("encoder", "decoder", "cross")
 #: decoding limits for the model's own translation: max length = MAX_LEN_A * source + MAX_LEN_B
@@ -50,11 +49,17 @@ MAX_LEN_A, MAX_LEN_B = 1.5, 10
 Sample = Dict[str, Any]
 
 
+def shown_side_data() -> Dict[str, PositionMethod]:
+    """The registered methods whose side data ``posattn-inspect`` shows, by kind (``shown_as``)."""
+    return {method.side_data.shown_as: method for method in REGISTRY.values()
+            if method.side_data is not None and method.side_data.shown_as}
+
+
 def kinds() -> Tuple[str, ...]:
     """What can be drawn (and written as JSON), in drawing order: the attention maps, then each
-    registered position method (what its terms' ``inspect`` returns), then the traces."""
+    registered position method (what its terms' ``inspect`` returns), then the side data and LSTM traces."""
     before, after = GENERIC_KINDS
-    return (*before, *REGISTRY, *after)
+    return (*before, *REGISTRY, *shown_side_data(), *after)
 
 
 # ------------------------------------------------------------------------------------ records
@@ -100,23 +105,6 @@ class TermQuantities:
 
 
 @dataclass
-class StructureTrace:
-    """Source tokens' tree depths, and relative positions: sequential ``i - j`` and structural
-    (clipped to ``clip``, as the model sees them)."""
-
-    tokens: List[str]
-    depth: Tensor
-    sequential: Tensor
-    structural: Tensor
-    clip: int
-
-    def to_json(self) -> Dict[str, Any]:
-        return {"tokens": self.tokens, "depth": self.depth.tolist(), "clip": self.clip,
-                "sequential_relative": self.sequential.tolist(),
-                "structural_relative": self.structural.tolist()}
-
-
-@dataclass
 class PositionalTrace:
     """Dagan's positional attention over one sentence (T steps of the LM's input ``tokens``).
 
@@ -146,17 +134,16 @@ class Inspection:
     decoder_input: str  # where the decoder input came from: given, reference, translation; LM: input
     attention: List[AttentionMap]
     terms: List[TermQuantities]
-    structure: Optional[StructureTrace] = None
+    side_data: Dict[str, SideDataTrace] = field(default_factory=dict)  # by kind
     lstm: Optional[PositionalTrace] = None
 
     def tokens(self, side: str) -> List[str]:
         return self.source_tokens if side == "encoder" else self.decoder_tokens
 
     def available_kinds(self) -> List[str]:
-        has = {"attention": bool(self.attention), "structure": self.structure is not None,
-               "lstm": self.lstm is not None}
+        has = {"attention": bool(self.attention), "lstm": self.lstm is not None}
         methods = {t.method for t in self.terms}
-        return [kind for kind in kinds() if has.get(kind, kind in methods)]
+        return [kind for kind in kinds() if has.get(kind, kind in methods or kind in self.side_data)]
 
     def to_json(self, selected: Sequence[str]) -> Dict[str, Any]:
         """The numbers behind the plots of the ``selected`` kinds (plain lists, JSON-ready)."""
@@ -168,8 +155,10 @@ class Inspection:
         for kind in selected:
             if kind == "attention":
                 out[kind] = [m.to_json() for m in self.attention]
-            elif kind in ("structure", "lstm"):
-                out[kind] = getattr(self, kind).to_json()
+            elif kind == "lstm":
+                out[kind] = self.lstm.to_json()
+            elif kind in self.side_data:
+                out[kind] = {"tokens": self.source_tokens, **self.side_data[kind].record}
             else:
                 out[kind] = [t.to_json() for t in self.terms if t.method == kind]
         return out
@@ -363,17 +352,17 @@ def all_term_quantities(model: nn.Module, maps: Sequence[AttentionMap], tokens: 
     return list(found.values())
 
 
-def structure_trace(model: nn.Module, net_input: Dict[str, Tensor], tokens: List[str]) -> Optional[StructureTrace]:
-    """Depths and relative positions of the source, from the task's side data (None without)."""
-    side = net_input.get("src_structure")
-    if side is None:
-        return None
-    depth, tin, tout = side[0].long()
+def side_data_traces(model: nn.Module, net_input: Dict[str, Tensor]) -> Dict[str, SideDataTrace]:
+    """What the methods show of the source's side data in ``net_input`` (sentence 0), by kind: the data of
+    every method that ``posattn-inspect`` shows and the task collated, whether or not the model reads it."""
     options = getattr(model.encoder, "position_options", None)
-    clip = getattr(options, "structural_clip", side_defaults("encoder")["structural_clip"])
-    structural = structural_relative(depth[None], tin[None], tout[None], clip)[0]
-    index = torch.arange(len(depth))
-    return StructureTrace(tokens, depth, index[:, None] - index[None, :], structural, clip)
+    traces = {}
+    for kind, method in shown_side_data().items():
+        collated = net_input.get(method.side_data.key)
+        if collated is not None:
+            rows = dict(zip(method.side_data.fields, collated[0].long().cpu()))
+            traces[kind] = method.trace_side_data(options, rows)
+    return traces
 
 
 # ------------------------------------------------------------------------------------ main entry
@@ -393,7 +382,7 @@ def inspect_model(model: nn.Module, task: Any, sample: Sample, decoder_input: st
         terms = all_term_quantities(model, maps, {"encoder": source_tokens, "decoder": decoder_tokens}, positions)
     inspection = Inspection(source_tokens, source_ids, decoder_tokens, decoder_ids, decoder_input, maps, terms)
     if is_encoder_decoder(model):
-        inspection.structure = structure_trace(model, net_input, source_tokens)
+        inspection.side_data = side_data_traces(model, net_input)
     if lstm.trace is not None:
         inspection.lstm = PositionalTrace(decoder_tokens, *lstm.trace)
     return inspection

@@ -4,16 +4,16 @@ Files written into the output directory, by kind (``{side}`` is ``encoder``, ``d
 attention maps, ``cross``; ``{l}`` the 0-based layer):
 
 - ``attention``: ``{side}-layer{l}-attention.png``, a grid of heads, BPE pieces on both axes;
-- a registered position method (its name, e.g. ``direct-position``): what its terms' ``inspect``
-  returns, drawn by layout (:mod:`fairseq_posattn.modules.position_terms.registry`):
-  ``{side}-layer{l}-{method}-{quantity}.png`` for a matrix (a heatmap per head, e.g. ``A^p``, the
-  distance-aware coefficients, the convolution filters, the attention before and after a
-  post-softmax transform), a curve (a line per head, e.g. ``a^r`` over ``i - j``) or a table (e.g.
-  Shaw's key and value embeddings per clipped distance), and ``{side}-{method}-per-head.png`` for
-  the per-head scalars of every layer of the side, sorted (e.g. the temperatures, distance-aware w
-  and v, as Wu et al. 2021 Figures 6-7); a term shared by the layers is drawn at its first layer;
-- ``structure``: ``structure.png`` (sequential positions and tree depths per token, the sequential
-  and the structural relative position matrices, as Wang et al. 2019 Figure 1);
+- a registered position method (its registered name): what its terms' ``inspect`` returns, drawn by layout
+  (:mod:`fairseq_posattn.modules.position_terms.quantities`): ``{side}-layer{l}-{method}-{quantity}.png`` for a
+  matrix (a heatmap per head: a position-position matrix, a scaling's coefficients, a transform's filters, the
+  attention before and after a post-softmax transform), a curve (a line per head over ``i - j``) or a table
+  (e.g. key and value embeddings per clipped distance), and ``{side}-{method}-per-head.png`` for the per-head
+  scalars of every layer of the side, sorted (as Wu et al. 2021 Figures 6-7 show theirs); a term shared by the
+  layers is drawn at its first layer;
+- the side data of the source that a method shows (its ``BatchSideData.shown_as``, e.g. ``structure``):
+  ``{kind}.png``, the method's trace of it (rows of integers per token over the sentence, and matrices over
+  the token pairs, e.g. a parse's tree depths and relative tree positions beside the sequential ones);
 - ``lstm``: ``lstm-positional-attention.png`` (mu and sigma per step, the Gaussian attention over
   the sentence).
 
@@ -271,23 +271,23 @@ LAYOUT_DRAWERS: Dict[str, Callable[[Quantity, str, str], None]] = {
 }
 
 
-def draw_structure(inspection: Inspection, out: str) -> List[str]:
-    trace = inspection.structure
-    tokens = trace.tokens
+def draw_side_data(inspection: Inspection, kind: str, out: str) -> List[str]:
+    """``{kind}.png``: a method's trace of the source's side data, its rows of integers under the tokens and its
+    matrices over the token pairs side by side."""
+    trace = inspection.side_data[kind]
+    tokens = inspection.source_tokens
     size = panel_inches(len(tokens))
-    fig = plt.figure(figsize=(2 * size + 2.0, size + 2.2), constrained_layout=True)
-    grid = fig.add_gridspec(2, 2, height_ratios=[1, 5])
-    position_strip(fig.add_subplot(grid[0, :]), tokens,
-                   {"sequential": np.arange(len(tokens)), "tree depth": trace.depth.numpy()})
-    matrices = [Panel(trace.sequential.numpy(), "sequential relative positions i - j", tokens, tokens),
-                Panel(trace.structural.numpy(), f"structural relative positions (clip {trace.clip})",
-                      tokens, tokens)]
-    for column, panel in enumerate(matrices):
+    columns = max(1, len(trace.matrices))
+    fig = plt.figure(figsize=(columns * size + 2.0, size + 2.2), constrained_layout=True)
+    grid = fig.add_gridspec(2, columns, height_ratios=[1, 5])
+    position_strip(fig.add_subplot(grid[0, :]), tokens, {name: row.numpy() for name, row in trace.rows.items()})
+    for column, (title, matrix) in enumerate(trace.matrices.items()):
+        panel = Panel(matrix.numpy(), title, tokens, tokens)
         ax = fig.add_subplot(grid[1, column])
         image = draw_matrix(ax, panel, SIGNED_CMAP, value_range([panel.matrix], signed=True), annotate=True)
         fig.colorbar(image, ax=ax, shrink=0.8)
-    fig.suptitle("source positions: sequential vs structural (dependency tree)", fontsize=FONT_SIZE + 2)
-    path = os.path.join(out, "structure.png")
+    fig.suptitle(trace.title, fontsize=FONT_SIZE + 2)
+    path = os.path.join(out, f"{kind}.png")
     save(fig, path)
     return [path]
 
@@ -338,7 +338,6 @@ def draw_lstm(inspection: Inspection, out: str) -> List[str]:
 
 GENERIC_DRAWERS: Dict[str, Callable[[Inspection, str], List[str]]] = {
     "attention": draw_attention,
-    "structure": draw_structure,
     "lstm": draw_lstm,
 }
 
@@ -349,5 +348,10 @@ def draw(inspection: Inspection, kinds: Sequence[str], out: str) -> List[str]:
     paths: List[str] = []
     for kind in kinds:
         drawer = GENERIC_DRAWERS.get(kind)
-        paths += drawer(inspection, out) if drawer is not None else draw_method(inspection, kind, out)
+        if drawer is not None:
+            paths += drawer(inspection, out)
+        elif kind in inspection.side_data:
+            paths += draw_side_data(inspection, kind, out)
+        else:
+            paths += draw_method(inspection, kind, out)
     return paths

@@ -67,8 +67,8 @@ class PositionAwareTransformerModel(PosattnHubMixin, TransformerModel):
             # options would be dropped silently
             args = argparse.Namespace(**OmegaConf.to_container(args, resolve=True))
         posattn_base_architecture(args)
-        encoder_position_options(args).check_task(task)
         model = super().build_model(args, task)
+        model.encoder.position_options.check_task(task)
         model.built_from = args  # as fairseq completed it (--share-all-embeddings sets the decoder's sharing)
         return model
 

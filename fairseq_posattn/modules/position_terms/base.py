@@ -3,22 +3,17 @@
 The attention kernel (:mod:`fairseq_posattn.modules.attention`) owns projections, masking, softmax
 and dropout; a position term only says how it changes one step of that computation:
 
-- :class:`ProjectionScaling`: rescales the projection weights before they are applied (e.g. the learnable
-  temperature);
-- :class:`QueryKeyTransform`: transforms the projected queries and keys of the current tokens (e.g. rotary
-  embedding);
-- :class:`AdditiveLogitBias`: adds a bias of the query and key positions to the scaled logits before the
-  masks and the softmax (e.g. ALiBi, T5's buckets);
-- :class:`TokenDifferenceBias`: adds ``c_i - c_j`` of per-token values computed from the layer's input
-  (e.g. FoX);
-- :class:`LogitScaling`: rescales the content logits elementwise (e.g. distance-aware attention);
-- :class:`KeyValueAugmentation`: adds a key vector and a value vector per (query, key) pair (e.g. Shaw's
-  relative embeddings);
-- :class:`RowDependentBias`: adds a bias computed from each query's row of masked logits (e.g. CoPE);
-- :class:`PostSoftmaxTransform`: transforms the post-softmax attention matrix (e.g. the attention
-  convolutions).
+- :class:`ProjectionScaling`: rescales the projection weights before they are applied;
+- :class:`QueryKeyTransform`: transforms the projected queries and keys of the current tokens;
+- :class:`AdditiveLogitBias`: adds a bias of the query and key positions (or of the batch's side data) to the
+  scaled logits before the masks and the softmax;
+- :class:`TokenDifferenceBias`: adds ``c_i - c_j`` of per-token values computed from the layer's input;
+- :class:`LogitScaling`: rescales the content logits elementwise;
+- :class:`KeyValueAugmentation`: adds a key vector and a value vector per (query, key) pair;
+- :class:`RowDependentBias`: adds a bias computed from each query's row of masked logits;
+- :class:`PostSoftmaxTransform`: transforms the post-softmax attention matrix.
 
-Terms read token geometry from a :class:`~fairseq_posattn.modules.position_context.PositionContext`,
+Which method is of which kind is docs/design.md's table (a method's file names its kind). Terms read token geometry from a :class:`~fairseq_posattn.modules.position_context.PositionContext`,
 which is built once per batch and shared by every layer.
 """
 
@@ -86,7 +81,7 @@ def lookup(table: Tensor, dim: int, index: Tensor) -> Tensor:
     The same as advanced indexing, but through ``index_select``, whose backward adds with
     ``index_add_``: the backward of advanced indexing serialises over repeated indices on CUDA
     (pytorch/pytorch#41162), and a position table is read at the same few entries thousands of
-    times per batch (on an H100, the two direct position tables' lookups took 3.5 ms of a 20 ms
+    times per batch (on an H100, two position-position tables' lookups took 3.5 ms of a 20 ms
     train step this way).
     """
     return table.index_select(dim, index.flatten()).unflatten(dim, index.shape)
@@ -268,7 +263,7 @@ class AdditiveLogitBias(PositionTerm):
 
 class TokenDifferenceBias(PositionTerm):
     """Kind 6 (step 4, after the additive biases): ``logits[b, h, i, j] + c[b, h, i] - c[b, h, j]``, where the
-    values ``c`` of every token are computed from the layer's input ``x`` in the forward pass (FoX's cumulative
+    values ``c`` of every token are computed from the layer's input ``x`` in the forward pass (e.g. cumulative
     log forget gates). The values depend on the tokens and need their gradient, so the kernel asks for them in
     every call (activation checkpointing's recomputation computes them again; they are never prepared); in
     incremental decoding it caches them beside the keys and hands the earlier tokens' back. The dense bias and
@@ -300,7 +295,7 @@ class TokenDifferenceBias(PositionTerm):
 
 class RowDependentBias(PositionTerm):
     """Kind 7 (step 5, after the masks): a bias computed from each query's row of masked logits and from the
-    queries (CoPE's contextual positions count gates of the whole row): it needs the matrix, so a layer with it
+    queries (e.g. positions counted by gates over the whole row): it needs the matrix, so a layer with it
     takes the explicit path. A decoding step's row holds every cached key, so no history is cached."""
 
     def forward(self, logits: Tensor, q: Tensor, ctx: PositionContext) -> Tensor:

@@ -1,8 +1,10 @@
 """What ``posattn-inspect`` shows of a term: its learned quantities as named arrays, each in one of a few
-generic layouts (a term's ``inspect(positions)`` returns them; :mod:`fairseq_posattn.inspect` draws them)."""
+generic layouts (a term's ``inspect(positions)`` returns them; :mod:`fairseq_posattn.inspect` draws them); and
+what it shows of the side data a sentence carries for a method (:class:`SideDataTrace`, from the method's
+``trace_side_data``)."""
 
 from dataclasses import dataclass
-from typing import Any, Sequence, Tuple
+from typing import Any, Dict, Sequence, Tuple
 
 from torch import Tensor
 
@@ -36,3 +38,18 @@ class Quantity:
     def __post_init__(self) -> None:
         if self.layout not in LAYOUTS:
             raise ValueError(f"quantity {self.name!r} has layout {self.layout!r}, not one of {LAYOUTS}")
+
+
+@dataclass(frozen=True)
+class SideDataTrace:
+    """What ``posattn-inspect`` shows of one sentence's side data for a method, as the method traces it.
+
+    ``rows``: integers per token ``(length,)``, drawn as a strip under the tokens; ``matrices``: a title per
+    ``(length, length)`` matrix over the token pairs, drawn side by side (signed colours); ``title``: the
+    figure's; ``record``: the numbers written as JSON (plain lists), next to the tokens.
+    """
+
+    title: str
+    rows: Dict[str, Tensor]
+    matrices: Dict[str, Tensor]
+    record: Dict[str, Any]

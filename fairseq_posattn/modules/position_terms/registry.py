@@ -30,8 +30,9 @@ of the options in ``--help`` and of the terms within a kind.
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-from torch import nn
+from torch import Tensor, nn
 
+from fairseq_posattn.modules.position_terms.quantities import SideDataTrace
 from fairseq_posattn.modules.position_terms.side_inputs import BatchSideData, InputPositionEmbedding
 from fairseq_posattn.user_errors import UserError
 
@@ -105,6 +106,12 @@ class PositionMethod:
                         sequential: bool) -> Optional[InputPositionEmbedding]:
         """The position embedding of the side's input, where the options ask for one; ``sequential``: the side
         has sequential position embeddings (which the module receives, to combine or replace)."""
+        return None
+
+    def trace_side_data(self, options: Optional[Any], rows: Mapping[str, Tensor]) -> Optional[SideDataTrace]:
+        """What ``posattn-inspect`` shows of one sentence's :attr:`side_data` (``rows``: each ``(length,)``),
+        under ``side_data.shown_as``; ``options``: the model's options of the side (None: the model has none,
+        and the method's defaults apply)."""
         return None
 
     def asked_by(self, options: Any) -> str:

@@ -38,6 +38,8 @@ class BatchSideData:
         task: the task that collates it ("--task translation_structural").
         example: ``padding_mask (batch, length) -> {field: (batch, length) long}``: data made up for a batch
             padded as ``padding_mask`` (the kernel self-check's, the tests' and the benchmark's batches).
+        shown_as: the ``posattn-inspect`` kind (and file name) under which its method's trace of a sentence's
+            data is drawn (``PositionMethod.trace_side_data``); "" where it is not shown.
     """
 
     key: str
@@ -45,6 +47,7 @@ class BatchSideData:
     what: str
     task: str
     example: Callable[[Tensor], Dict[str, Tensor]]
+    shown_as: str = ""
 
     def unpack(self, collated: Optional[Tensor], tokens: Tensor, asked_by: str, batch: str = "batch") -> Dict[str, Tensor]:
         """The rows of ``collated`` by name, after checking it matches ``tokens`` ``(batch, length)``.

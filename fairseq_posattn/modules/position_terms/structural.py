@@ -24,7 +24,7 @@ from torch import Tensor, nn
 
 from fairseq_posattn.modules.position_context import PositionContext
 from fairseq_posattn.modules.position_terms.base import check_length
-from fairseq_posattn.modules.position_terms.quantities import Quantity
+from fairseq_posattn.modules.position_terms.quantities import Quantity, SideDataTrace
 from fairseq_posattn.modules.position_terms.registry import (
     LayerSpec,
     MethodOption,
@@ -34,6 +34,9 @@ from fairseq_posattn.modules.position_terms.registry import (
 )
 from fairseq_posattn.modules.position_terms.relative_embeddings import RelativeBuckets, RelativePositionEmbeddings
 from fairseq_posattn.modules.position_terms.side_inputs import BatchSideData, InputPositionEmbedding
+
+#: the clip r of the relative structural positions in Wang et al. 2019's experiments (the option's default)
+WANG_CLIP = 16
 
 #: the rows of a parse's per-token side data: each token's word's tree depth and the entry and exit times of
 #: that word in a depth-first walk of the parse (EOS and pads: depth 0, ``tin = tout = -1``)
@@ -108,7 +111,7 @@ def example_parse(padding_mask: Tensor) -> Dict[str, Tensor]:
 #: the parse of every source sentence, as ``--task translation_structural`` collates it: ``net_input
 #: ["src_structure"]`` ``(batch, 3, src_len)`` (see :mod:`fairseq_posattn.data.structural_dataset`)
 PARSE = BatchSideData("src_structure", PARSE_FIELDS, "each source sentence's dependency parse",
-                      "--task translation_structural", example_parse)
+                      "--task translation_structural", example_parse, shown_as="structure")
 
 
 @dataclass(frozen=True)
@@ -201,7 +204,7 @@ class StructuralPositionsMethod(PositionMethod):
         MethodOption("structural_fusion", "add",
                      "how the absolute structural embedding joins the sequential one: add (sum) or "
                      "nonlinear (tanh of a learned linear map of both)", choices=("add", "nonlinear")),
-        MethodOption("structural_clip", 16, "clip r of the relative structural positions (Wang et al.: 16)"),
+        MethodOption("structural_clip", WANG_CLIP, "clip r of the relative structural positions (Wang et al.: 16)"),
         MethodOption("structural_keys_only", False,
                      "relative structural positions with key embeddings only, no value term (as Shaw et "
                      "al.'s Table 3 ablation); runs on flex_attention on a GPU", keys_only=True),
@@ -221,7 +224,7 @@ class StructuralPositionsMethod(PositionMethod):
         positions = options.flag("structural_positions")
         unused = [(name, "absolute|both") for name, default in (("structural_fusion", "add"),)
                   if getattr(options, name) != default and not embeds_tree_depth(options)]
-        unused += [(name, "relative|both") for name, default in (("structural_clip", 16), ("structural_keys_only", False))
+        unused += [(name, "relative|both") for name, default in (("structural_clip", WANG_CLIP), ("structural_keys_only", False))
                    if getattr(options, name) != default and not relates_tree_positions(options)]
         if unused:
             name, needed = unused[0]
@@ -248,6 +251,22 @@ class StructuralPositionsMethod(PositionMethod):
                 "position embeddings: drop --no-token-positional-embeddings and "
                 f"{options.flag('no_token_positional_embeddings')}, or use {options.flag('structural_fusion')} add")
         return StructuralPositionalEmbedding(embed_dim, padding_idx, options.max_positions, options.structural_fusion)
+
+    def trace_side_data(self, options: Optional[Any], rows: Dict[str, Tensor]) -> SideDataTrace:
+        """The sentence's sequential positions and tree depths, and its sequential and structural relative
+        positions (clipped as the model sees them), as Wang et al. 2019's Figure 1."""
+        clip = options.structural_clip if options is not None else WANG_CLIP
+        depth, tin, tout = (rows[name].long() for name in PARSE_FIELDS)
+        structural = structural_relative(depth[None], tin[None], tout[None], clip)[0]
+        index = torch.arange(len(depth))
+        sequential = index[:, None] - index[None, :]
+        return SideDataTrace(
+            "source positions: sequential vs structural (dependency tree)",
+            {"sequential": index, "tree depth": depth},
+            {"sequential relative positions i - j": sequential,
+             f"structural relative positions (clip {clip})": structural},
+            {"depth": depth.tolist(), "clip": clip, "sequential_relative": sequential.tolist(),
+             "structural_relative": structural.tolist()})
 
 
 register(StructuralPositionsMethod())
