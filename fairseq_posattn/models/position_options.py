@@ -102,8 +102,8 @@ def set_position_defaults(args: Any, sides: List[str]) -> None:
 class SidePositionOptions:
     """The position options of one side (``encoder`` or ``decoder``) and what they build.
 
-    Every registered option of the side is an attribute (``options.<name>``, the option's name without the side); ``causal``,
-    ``max_positions`` (t) and ``max_positions_option`` (the option that sets t) come from the model.
+    Every registered option of the side is an attribute (``options.<name>``: the option without the side);
+    ``causal``, ``max_positions`` (t) and ``max_positions_option`` (the option that sets t) come from the model.
     Modules shared by a side's layers (a method's side-wide table) are kept in ``shared``.
     """
 
@@ -183,7 +183,8 @@ class SidePositionOptions:
     def side_data(self) -> List[Tuple[str, BatchSideData]]:
         """The data that the methods on read from every batch beside its tokens, each with the option that
         asks for it (as errors name it)."""
-        return [(method.asked_by(self), method.side_data) for method in self._methods if method.side_data is not None]
+        return [(method.asked_by(self), method.side_data) for method in self._methods
+                if method.side_data is not None]
 
     def check_task(self, task: Any) -> None:
         """Refuse, at start-up, a task that does not collate the side data the methods on read: a task names
@@ -191,13 +192,14 @@ class SidePositionOptions:
         collated = getattr(task, "collated_side_data", ())
         for asked_by, data in self.side_data():
             if data.key not in collated:
-                raise PositionOptionError(f"{asked_by} needs {data.what}: use {data.task} "
-                                          f"(not --task of {type(task).__name__}, which does not collate it)")
+                raise PositionOptionError(f"{asked_by} needs {data.what}, which the task {type(task).__name__} does "
+                                          f"not collate: use {data.task}")
 
-    def input_embedding(self, embed_dim: int, padding_idx: int, sequential: bool) -> Optional[InputPositionEmbedding]:
+    def input_embedding(self, embed_dim: int, padding_idx: int,
+                        sequential: bool) -> Optional[InputPositionEmbedding]:
         """The position embedding that a method on gives the side's input (None: the side's own), at most one."""
-        found = [(method, module) for method in self._methods
-                 for module in [method.input_embedding(self, embed_dim, padding_idx, sequential)] if module is not None]
+        built = [(method, method.input_embedding(self, embed_dim, padding_idx, sequential)) for method in self._methods]
+        found = [(method, module) for method, module in built if module is not None]
         if len(found) > 1:
             raise PositionOptionError(f"{found[0][0].asked_by(self)} and {found[1][0].asked_by(self)} each replace "
                                       "the input's position embedding; keep one")
@@ -224,10 +226,13 @@ class SidePositionOptions:
             raise PositionOptionError(f"{self.flag('attention_kernel')} flex: "
                                       f"{method_of(terms.row_dependent).asked_by(self)} computes its bias from the "
                                       "whole attention row; use auto or explicit")
-        if terms.post_softmax is not None or any(term.values for term in terms.key_value):
+        needs_matrix = [term for term in (terms.post_softmax, *terms.key_value)
+                        if term is not None and (term is terms.post_softmax or term.values)]
+        if needs_matrix:
+            asking = sorted({method_of(term).asked_by(self) for term in needs_matrix})
             keys_only = [self.flag(option.name) for method in methods_of(self.side) for option in method.options
                          if option.keys_only]
             raise PositionOptionError(
-                f"{self.flag('attention_kernel')} flex: the attention convolution and the value term of "
-                f"relative embeddings need the whole attention matrix; use auto, or drop the convolution "
-                f"and add {' / '.join(keys_only)}")
+                f"{self.flag('attention_kernel')} flex: {' and '.join(asking)} "
+                f"{'need' if len(asking) > 1 else 'needs'} the whole attention matrix (a post-softmax transform, a value term); use auto, or drop "
+                f"{'them' if len(asking) > 1 else 'it'} (a value term: add {' / '.join(keys_only)})")

@@ -254,7 +254,8 @@ class PositionAwareMultiheadAttention(MultiheadAttention):
         if self.kernel == "explicit":
             return EXPLICIT, "--attention-kernel explicit"
         if self.needs_matrix():
-            return EXPLICIT, "a term needs the attention matrix (a post-softmax transform, a value term or a row-dependent bias)"
+            return EXPLICIT, ("a term needs the attention matrix (a post-softmax transform, a value term or a "
+                              "row-dependent bias)")
         possible = (flex_attention is not None and self.pointwise and not decoding
                     and not (self.training and self.dropout_module.p > 0)
                     and (device.type == "cuda" or not torch.is_grad_enabled()))  # no backward on the CPU

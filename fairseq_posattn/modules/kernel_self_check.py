@@ -9,10 +9,10 @@ kernel checks itself where it runs:
 
 The first time a configuration takes a fused path in a process, :func:`fused_path_agrees` runs that
 path and the explicit path on a random batch of awkward lengths (:data:`CHECK_LENGTHS`, padded as the
-side pads, with the side's causality and the side data its terms need) and compares the outputs and, for a layer in
-training mode, the gradients of the queries, keys, values, the layer input (where a token-difference bias
-computes its values from it) and every learned position parameter the path reads, with a tolerance by dtype. A configuration is everything the kernels see: the layer's
-terms and their sizes, the path, dtype, device, causality, padding side and training
+side pads, with the side's causality and the side data its terms need) and compares the outputs and, for a
+layer in training mode, the gradients of the queries, keys, values, the layer input (where a token-difference
+bias computes its values from it) and every learned position parameter the path reads, with a tolerance by
+dtype. A configuration is everything the kernels see: the layer's terms and their sizes, the path, dtype, device, causality, padding side and training
 mode; the layers of one configuration share one check. A fused path that fails to run (a compilation
 error, such as Triton's "No valid triton configs" where the kernel needs more shared memory than the GPU
 has) counts as a mismatch. On a mismatch or a non-finite value, ``--{side}-attention-self-check``:

@@ -27,8 +27,8 @@ Derived tensors are built once where they cannot change:
 - :class:`SequenceTables` (:meth:`PositionContext.sequence_table`): in incremental decoding, the
   decoder keeps one per sequence in fairseq's incremental state and hands it to the context of every
   step. Terms whose per-step work depends on positions only (a bias row, a logit scaling's coefficients, a
-  post-softmax transform's filters, a query/key transform's angles) build it once for a length bucket (a power of two) and
-  slice it at each step, instead of rebuilding it per step and layer. A table is keyed by what it is
+  post-softmax transform's filters, a query/key transform's angles) build it once for a length bucket (a
+  power of two) and slice it at each step, instead of rebuilding it per step and layer. A table is keyed by what it is
   built from: the term itself (its parameters, :meth:`PositionTerm.table_key`) and the dtype it is
   built in, or, for a parameter-free table, its preparation's configuration without the length.
   Used only without gradients and on a side whose token positions are the indices (right padding),

@@ -13,8 +13,9 @@ and dropout; a position term only says how it changes one step of that computati
 - :class:`RowDependentBias`: adds a bias computed from each query's row of masked logits;
 - :class:`PostSoftmaxTransform`: transforms the post-softmax attention matrix.
 
-Which method is of which kind is docs/design.md's table (a method's file names its kind). Terms read token geometry from a :class:`~fairseq_posattn.modules.position_context.PositionContext`,
-which is built once per batch and shared by every layer.
+Which method is of which kind is docs/design.md's table (a method's file names its kind). Terms read token
+geometry from a :class:`~fairseq_posattn.modules.position_context.PositionContext`, which is built once per
+batch and shared by every layer.
 """
 
 import itertools

@@ -49,7 +49,8 @@ class BatchSideData:
     example: Callable[[Tensor], Dict[str, Tensor]]
     shown_as: str = ""
 
-    def unpack(self, collated: Optional[Tensor], tokens: Tensor, asked_by: str, batch: str = "batch") -> Dict[str, Tensor]:
+    def unpack(self, collated: Optional[Tensor], tokens: Tensor, asked_by: str,
+               batch: str = "batch") -> Dict[str, Tensor]:
         """The rows of ``collated`` by name, after checking it matches ``tokens`` ``(batch, length)``.
         ``asked_by`` names the option that needs it and ``batch`` the tokens ("source batch"), for the errors."""
         if collated is None:

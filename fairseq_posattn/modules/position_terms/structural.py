@@ -95,8 +95,9 @@ def binary_tree_side_data(length: int) -> Tuple[List[int], List[int], List[int]]
 
 
 def example_parse(padding_mask: Tensor) -> Dict[str, Tensor]:
-    """Parse side data (:data:`PARSE_FIELDS`) of a batch padded as ``padding_mask``: each sentence a complete binary tree of
-    two-piece words, EOS last (:func:`binary_tree_side_data`), ``tin = tout = -1`` and depth 0 at pads."""
+    """Parse side data (:data:`PARSE_FIELDS`) of a batch padded as ``padding_mask``: each sentence a complete
+    binary tree of two-piece words, EOS last (:func:`binary_tree_side_data`), ``tin = tout = -1`` and depth 0
+    at pads."""
     batch, longest = padding_mask.shape
     data = {name: torch.full((batch, longest), -1, dtype=torch.long) for name in PARSE_FIELDS}
     real = ~padding_mask.cpu()
@@ -224,7 +225,8 @@ class StructuralPositionsMethod(PositionMethod):
         positions = options.flag("structural_positions")
         unused = [(name, "absolute|both") for name, default in (("structural_fusion", "add"),)
                   if getattr(options, name) != default and not embeds_tree_depth(options)]
-        unused += [(name, "relative|both") for name, default in (("structural_clip", WANG_CLIP), ("structural_keys_only", False))
+        relative_defaults = (("structural_clip", WANG_CLIP), ("structural_keys_only", False))
+        unused += [(name, "relative|both") for name, default in relative_defaults
                    if getattr(options, name) != default and not relates_tree_positions(options)]
         if unused:
             name, needed = unused[0]
