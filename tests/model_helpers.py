@@ -8,6 +8,7 @@ import torch
 from fairseq.data import Dictionary
 
 from fairseq_posattn.models import building
+from fairseq_posattn.models.position_options import SidePositionOptions
 from fairseq_posattn.modules.attention import PositionAwareMultiheadAttention
 from fairseq_posattn.modules.position_terms.catalogue import (
     all_side_data,
@@ -75,6 +76,12 @@ COMBINED = combined_options()
 #: by side, every registered method's variants that the side takes (the registry's), and all of them at once
 SIDE_VARIANTS: Dict[str, Dict[str, Mapping[str, Any]]] = {
     side: {**all_variants(side), "combined": combined_options(side)} for side in SIDES}
+
+
+def reads_side_data(side: str, variant: str) -> bool:
+    """``variant``'s methods read side data from every batch (a parse...), which only some tasks collate."""
+    options = SidePositionOptions(side, side == "decoder", 24, "--max-positions", **SIDE_VARIANTS[side][variant])
+    return bool(options.side_data())
 
 
 def side_flags(side: str, variant: str) -> List[str]:

@@ -26,9 +26,11 @@ from fairseq_posattn.modules.position_terms.kerple import KerpleBias
 from fairseq_posattn.modules.position_terms.relative_embeddings import RelativePositionEmbeddings
 from fairseq_posattn.modules.position_terms.rotary import RotaryEmbedding
 from fairseq_posattn.modules.position_terms.sandwich import SandwichBias
+from fairseq_posattn.modules.position_terms.structural import StructuralRelativeEmbeddings
 from fairseq_posattn.modules.position_terms.t5_bias import T5RelativeBias
 from fairseq_posattn.modules.position_terms.temperature import LearnableTemperature
 from fairseq_posattn.modules.position_terms.xpos import XPosEmbedding
+from fairseq_posattn.structure import structural_relative_positions, tree_depths
 
 
 class References(dict):
@@ -74,7 +76,7 @@ def _distance_aware(term, e: float, h: int, i: int, j: int) -> float:
 REFERENCE_SCALINGS = References("REFERENCE_SCALINGS", {DistanceAwareScaling: _distance_aware})
 
 
-def _shaw(term, i: int, j: int) -> Tuple[Tensor, Optional[Tensor]]:
+def _shaw(term, i: int, j: int, length: int) -> Tuple[Tensor, Optional[Tensor]]:
     """Shaw et al. 2018 (section 3): a^K and a^V of the clipped distance clip(j - i, -k, k); no a^V for the
     keys-only ablation."""
     c = term.clip
@@ -82,9 +84,37 @@ def _shaw(term, i: int, j: int) -> Tuple[Tensor, Optional[Tensor]]:
     return term.key_table[bucket], (term.value_table[bucket] if term.values else None)
 
 
-#: the key/value augmentations, ``(term, i, j) -> (a^K_ij, a^V_ij)``: the vectors added to key j and to value j
-#: for query i (``a^V_ij`` None: the term has no value term)
-REFERENCE_KEY_VALUES = References("REFERENCE_KEY_VALUES", {RelativePositionEmbeddings: _shaw})
+def _example_tree_relative(length: int, clip: int) -> List[List[int]]:
+    """Relative structural positions (Wang et al. 2019, 3.1-3.2) of the tests' example parse of a sentence of
+    ``length`` tokens, from the word-level tree functions: two pieces per word, word w's head word (w - 1) // 2
+    (w = 0 the root), EOS last and on no path (``sign(i - j) * (depth_i + depth_j)``, its depth 0)."""
+    words = [token // 2 for token in range(length - 1)]
+    heads = [0 if w == 0 else (w - 1) // 2 + 1 for w in range(length // 2)]  # CoNLL: 1-based, 0 = root
+    word_relative, depths = structural_relative_positions(heads), tree_depths(heads)
+    depth = [depths[w] for w in words] + [0]
+    out = [[0] * length for _ in range(length)]
+    for i in range(length):
+        for j in range(length):
+            if i < length - 1 and j < length - 1:
+                relative = int(word_relative[words[i]][words[j]])
+            else:
+                relative = (i > j) - (i < j)
+                relative *= depth[i] + depth[j]
+            out[i][j] = max(-clip, min(clip, relative))
+    return out
+
+
+def _structural(term, i: int, j: int, length: int) -> Tuple[Tensor, Optional[Tensor]]:
+    """Wang et al. 2019 (3.2): a^K and a^V of the clipped relative structural position of tokens i and j, on
+    the tests' example parse (the batches carry it: ``tests/model_helpers.SIDE_DATA``)."""
+    bucket = _example_tree_relative(length, term.clip)[i][j] + term.clip
+    return term.key_table[bucket], (term.value_table[bucket] if term.values else None)
+
+
+#: the key/value augmentations, ``(term, i, j, length) -> (a^K_ij, a^V_ij)``: the vectors added to key j and to
+#: value j for query i of a sentence of ``length`` tokens (``a^V_ij`` None: the term has no value term)
+REFERENCE_KEY_VALUES = References("REFERENCE_KEY_VALUES", {RelativePositionEmbeddings: _shaw,
+                                                           StructuralRelativeEmbeddings: _structural})
 
 
 def _t5_bucket(distance: int, buckets: int, max_distance: int, bidirectional: bool) -> int:
@@ -331,7 +361,7 @@ def reference_attention(
                     continue
                 key = k[j].clone()
                 for term in attn.key_value_terms:
-                    key = key + REFERENCE_KEY_VALUES(term, i, j)[0]
+                    key = key + REFERENCE_KEY_VALUES(term, i, j, L)[0]
                 e = float(q[i] @ key) / math.sqrt(d)
                 if attn.scaling_term is not None:
                     e = REFERENCE_SCALINGS(attn.scaling_term, e, h, i, j)
@@ -350,7 +380,7 @@ def reference_attention(
             for j in range(L):
                 value = v[j].clone()
                 for term in attn.key_value_terms:
-                    added = REFERENCE_KEY_VALUES(term, i, j)[1]
+                    added = REFERENCE_KEY_VALUES(term, i, j, L)[1]
                     if added is not None:
                         value = value + added
                 out[i] += probs[i, j] * value

@@ -79,7 +79,7 @@ def test_every_flex_form_passes_the_check_on_the_cpu(variant, causal):
     """flex_attention's CPU implementation (forward; torch has no CPU backward) at the check's lengths,
     padded to its block, against the explicit path."""
     attn = build_attention(FUSABLE[variant], causal)
-    ctx = PositionContext.example((9, 6), right_padded=causal, causal=causal, device=CPU)
+    ctx = PositionContext.example((9, 6), right_padded=causal, causal=causal, device=CPU, terms=attn.all_terms())
     comparison = compare_paths(attn, FLEX, ctx, torch.float64, gradients=False)
     assert comparison.agrees and comparison.largest[1] < 1e-12, comparison
 

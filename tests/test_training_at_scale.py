@@ -24,7 +24,17 @@ from torch import Tensor, nn
 from fairseq_posattn.modules.attention import PositionAwareMultiheadAttention
 from fairseq_posattn.modules.position_terms.distance_aware import DistanceAwareScaling
 from fairseq_posattn.modules.position_terms.structural import PARSE
-from model_helpers import SIDE_VARIANTS, TINY, TINY_LM, TinyTask, both_sides, build_model, randomized, side_flags
+from model_helpers import (
+    SIDE_VARIANTS,
+    TINY,
+    TINY_LM,
+    TinyTask,
+    both_sides,
+    build_model,
+    randomized,
+    reads_side_data,
+    side_flags,
+)
 
 PAD = 1
 NO_DROPOUT = ["--dropout", "0", "--attention-dropout", "0"]
@@ -34,6 +44,8 @@ STRUCTURAL_VARIANTS = {
     "structural-both-nonlinear": ["--encoder-structural-positions", "both", "--encoder-structural-fusion",
                                   "nonlinear", "--encoder-relative-positions", "2", "--encoder-distance-aware"],
 }
+#: the encoder variants whose methods read no side data: the tagger's and the classifier's tasks collate none
+WITHOUT_SIDE_DATA = [v for v in SIDE_VARIANTS["encoder"] if not reads_side_data("encoder", v)]
 TINY_TAGGER = ["--word-embed-dim", "12", "--char-embed-dim", "4", "--char-cnn-filters", "4",
                "--encoder-layers", "2", "--encoder-attention-heads", "2", "--encoder-ffn-embed-dim", "16",
                "--max-source-positions", "24"]
@@ -151,9 +163,9 @@ FAMILIES = {
     "language-model": Family(build_with("transformer_lm_posattn", TINY_LM, TinyTask), lm_output,
                              {v: side_flags("decoder", v) for v in SIDE_VARIANTS["decoder"]}),
     "tagger": Family(build_with("san_tagger", TINY_TAGGER, TinyTaggingTask), tagger_output,
-                     {"san": [], **{v: side_flags("encoder", v) for v in SIDE_VARIANTS["encoder"]}}),
+                     {"san": [], **{v: side_flags("encoder", v) for v in WITHOUT_SIDE_DATA}}),
     "classifier": Family(build_with("transformer_posattn_classifier", TINY_CLASSIFIER, TinyTask),
-                         classifier_output, {v: side_flags("encoder", v) for v in SIDE_VARIANTS["encoder"]}),
+                         classifier_output, {v: side_flags("encoder", v) for v in WITHOUT_SIDE_DATA}),
 }
 CASES = [(family, variant) for family, spec in FAMILIES.items() for variant in spec.variants]
 

@@ -212,8 +212,12 @@ class StructuralPositionsMethod(PositionMethod):
     )
     benchmark_target = "key_value"
     side_data = PARSE
-    #: structural variants need parses: the tests and the benchmark build them with side data
-    variants = {}
+    #: the relative positions (the attention terms; the absolute embedding joins the input, built by
+    #: tests/test_structural_model.py and the benchmark's own structural rows); the tests' batches carry an
+    #: example parse, the benchmark's the side data of real trees
+    variants = {"struct-rel": {"structural_positions": "relative"},
+                "struct-rel-keys-only": {"structural_positions": "relative", "structural_keys_only": True}}
+    labels = {"struct-rel": "Structural rel (r=16)", "struct-rel-keys-only": "Structural rel (r=16), keys only"}
 
     def is_on(self, options: Any) -> bool:
         return options.structural_positions != "none"
