@@ -5,10 +5,8 @@ and the sets derived for the GPU check, and by posattn-inspect. The first (tests
 is a bias of positions alone; the second (tests/data/toy_segment_method.py) reads per-sentence side data that
 a task collates into every batch, which the side unpacks into the context and refuses to go without.
 
-:data:`PLACES_A_METHOD_TOUCHES` is the count docs/design.md states: the method's file and its import line, in
-the package; its independent reference in the tests' reference implementation; its rows in the documents'
-generated option tables and the paper table (``make docs`` and the README's methods table); its section in
-docs/methods.md.
+:data:`PLACES_A_METHOD_TOUCHES` lists the places a new method touches, as docs/design.md counts them (checked
+here), each with what holds it to account.
 """
 
 import os
@@ -21,7 +19,7 @@ from pathlib import Path
 from model_helpers import REPO
 from test_benchmark_script import TINY as BENCHMARK_TINY
 
-TOYS = (Path(REPO) / "tests" / "data" / "toy_neighbour_method.py", Path(REPO) / "tests" / "data" / "toy_segment_method.py")
+TOYS = tuple(Path(REPO) / "tests" / "data" / name for name in ("toy_neighbour_method.py", "toy_segment_method.py"))
 #: the places a new method touches, as docs/design.md counts them, and what holds each to account
 PLACES_A_METHOD_TOUCHES = {
     "its file in modules/position_terms/": "this test: each toy is the copy's only new file",
