@@ -17,7 +17,7 @@ from fairseq.models.transformer import TransformerDecoderBase, TransformerEncode
 from torch import Tensor, nn
 
 from fairseq_posattn.models.position_options import SidePositionOptions
-from fairseq_posattn.models.position_side import PositionSide
+from fairseq_posattn.models.position_side import PositionSide, PositionSideOwner
 from fairseq_posattn.modules.position_context import PositionContext, SequenceTables
 from fairseq_posattn.modules.position_terms.side_inputs import InputPositionEmbedding
 from fairseq_posattn.modules.transformer_layer import (
@@ -28,32 +28,23 @@ from fairseq_posattn.modules.transformer_layer import (
 IncrementalState = Dict[str, Dict[str, Optional[Tensor]]]
 
 
-class PositionAwareTransformerEncoder(TransformerEncoderBase):
+class PositionAwareTransformerEncoder(PositionSideOwner, TransformerEncoderBase):
     """fairseq's encoder; its self-attention layers get the ``--encoder-*`` position terms, and its input the
     position embedding that a method gives it (``position_input``), where one does."""
 
     def __init__(self, cfg: Any, dictionary: Any, embed_tokens: nn.Embedding,
                  position_options: SidePositionOptions, return_fc: bool = False):
-        self.position_options = position_options
         self.position_side = PositionSide(position_options, right_padded=False, causal=False)
-        self._layers_built = 0
         super().__init__(cfg, dictionary, embed_tokens, return_fc=return_fc)
         self.position_side.attach(self)
         self.position_input: Optional[InputPositionEmbedding] = self.position_side.input_embedding(
             embed_tokens.embedding_dim, self.padding_idx, sequential=self.embed_positions is not None)
 
-    def upgrade_state_dict_named(self, state_dict: Dict[str, Tensor], name: str) -> Dict[str, Tensor]:
-        """fairseq's upgrades, and weights from before the side owned its shared modules."""
-        self.position_side.upgrade(self, state_dict, name)
-        return super().upgrade_state_dict_named(state_dict, name)
-
     def build_encoder_layer(self, cfg: Any) -> nn.Module:
         if not self.position_options.needs_context():
             return super().build_encoder_layer(cfg)
-        layer = PositionAwareEncoderLayer(cfg, self.position_options, self._layers_built,
-                                          return_fc=self.return_fc)
-        self._layers_built += 1
-        return self.position_side.wrap(layer, cfg)
+        return self.position_side.next_layer(
+            lambda index: PositionAwareEncoderLayer(cfg, self.position_options, index, return_fc=self.return_fc), cfg)
 
     def forward(self, src_tokens: Tensor, src_lengths: Optional[Tensor] = None,
                 return_all_hiddens: bool = False, token_embeddings: Optional[Tensor] = None,
@@ -100,7 +91,7 @@ class PositionAwareTransformerEncoder(TransformerEncoderBase):
         return x, embed
 
 
-class PositionAwareTransformerDecoder(TransformerDecoderBase):
+class PositionAwareTransformerDecoder(PositionSideOwner, TransformerDecoderBase):
     """fairseq's decoder; its causal self-attention layers get the ``--decoder-*`` position terms."""
 
     def __init__(self, cfg: Any, dictionary: Any, embed_tokens: nn.Embedding,
@@ -108,25 +99,17 @@ class PositionAwareTransformerDecoder(TransformerDecoderBase):
                  output_projection: Optional[nn.Module] = None, right_padded: bool = True):
         """``right_padded``: the decoder's batches are padded on the right only (fairseq's target
         and language-model batches, unless ``--left-pad-target``), so token positions are indices."""
-        self.position_options = position_options
         self.position_side = PositionSide(position_options, right_padded, causal=True)
-        self._layers_built = 0
         super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn,
                          output_projection=output_projection)
         self.position_side.attach(self)
 
-    def upgrade_state_dict_named(self, state_dict: Dict[str, Tensor], name: str) -> Dict[str, Tensor]:
-        """fairseq's upgrades, and weights from before the side owned its shared modules."""
-        self.position_side.upgrade(self, state_dict, name)
-        return super().upgrade_state_dict_named(state_dict, name)
-
     def build_decoder_layer(self, cfg: Any, no_encoder_attn: bool = False) -> nn.Module:
         if not self.position_options.needs_context():
             return super().build_decoder_layer(cfg, no_encoder_attn)
-        layer = PositionAwareDecoderLayer(cfg, self.position_options, self._layers_built,
-                                          no_encoder_attn=no_encoder_attn)
-        self._layers_built += 1
-        return self.position_side.wrap(layer, cfg)
+        return self.position_side.next_layer(
+            lambda index: PositionAwareDecoderLayer(cfg, self.position_options, index, no_encoder_attn=no_encoder_attn),
+            cfg)
 
     def extract_features(
         self,

@@ -234,5 +234,6 @@ class SidePositionOptions:
                          if option.keys_only]
             raise PositionOptionError(
                 f"{self.flag('attention_kernel')} flex: {' and '.join(asking)} "
-                f"{'need' if len(asking) > 1 else 'needs'} the whole attention matrix (a post-softmax transform, a value term); use auto, or drop "
+                f"{'need' if len(asking) > 1 else 'needs'} the whole attention matrix (a post-softmax transform, a "
+                f"value term); use auto, or drop "
                 f"{'them' if len(asking) > 1 else 'it'} (a value term: add {' / '.join(keys_only)})")

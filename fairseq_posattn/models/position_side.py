@@ -17,7 +17,7 @@ registering it: the state dict holds it once, as ``{side}.position_shared.{name}
 layer registered it are upgraded when they load (:func:`upgrade_shared`).
 """
 
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Callable, Dict, List, Mapping, Optional
 
 import torch
 from fairseq.distributed import fsdp_wrap
@@ -48,10 +48,18 @@ class PositionSide:
     def __init__(self, options: SidePositionOptions, right_padded: bool, causal: bool):
         self.options, self.right_padded, self.causal = options, right_padded, causal
         self.side_data = options.side_data()
+        self.layers_built = 0
 
     def wrap(self, layer: nn.Module, cfg: Any) -> nn.Module:
         """``layer`` wrapped for activation checkpointing and FSDP as fairseq's ``build_*_layer`` do."""
         return wrap_layer(layer, cfg)
+
+    def next_layer(self, build: Callable[[int], nn.Module], cfg: Any) -> nn.Module:
+        """The side's next layer, ``build(index)`` with its 0-based index (fairseq builds a side's layers in
+        order, one ``build_*_layer`` call each), wrapped (:meth:`wrap`)."""
+        layer = build(self.layers_built)
+        self.layers_built += 1
+        return self.wrap(layer, cfg)
 
     def attach(self, owner: nn.Module) -> None:
         """Register on ``owner``, once its layers are built, the record of its options
@@ -86,6 +94,24 @@ class PositionSide:
         for asked_by, data in self.side_data:
             rows.update(data.unpack(side_inputs.get(data.key), tokens, asked_by, BATCH_NAMES[self.options.side]))
         return PositionContext.from_tokens(tokens, padding_idx, self.right_padded, rows, tables, self.causal)
+
+
+class PositionSideOwner:
+    """What a module that owns a :class:`PositionSide` (an encoder, a decoder, the tagger's encoder) gets from
+    it: its options (``position_options``, the side's) and the upgrade of older weights on load. Mixed in before
+    the fairseq class the module extends; the module sets ``position_side`` first thing in ``__init__``."""
+
+    position_side: PositionSide
+
+    @property
+    def position_options(self) -> SidePositionOptions:
+        return self.position_side.options
+
+    def upgrade_state_dict_named(self, state_dict: Dict[str, Tensor], name: str) -> Dict[str, Tensor]:
+        """Weights from before the side owned its shared modules and its input position embedding, then the
+        fairseq class's own upgrades."""
+        self.position_side.upgrade(self, state_dict, name)
+        return super().upgrade_state_dict_named(state_dict, name)
 
 
 def add_layer_wrapping_args(parser: Any) -> None:

@@ -29,7 +29,12 @@ from fairseq_posattn.models.position_options import (
     add_position_args,
     set_position_defaults,
 )
-from fairseq_posattn.models.position_side import PositionSide, add_layer_wrapping_args, set_layer_wrapping_defaults
+from fairseq_posattn.models.position_side import (
+    PositionSide,
+    PositionSideOwner,
+    add_layer_wrapping_args,
+    set_layer_wrapping_defaults,
+)
 from fairseq_posattn.modules.char_cnn import CharCNNWordEncoder
 from fairseq_posattn.modules.position_context import PositionContext
 from fairseq_posattn.modules.transformer_layer import PositionAwareEncoderLayer
@@ -111,14 +116,13 @@ def check_pieces_fit(max_source_positions: int, task: Any) -> None:
             f"with --max-length {max_source_positions}")
 
 
-class SanTaggerEncoder(FairseqEncoder):
+class SanTaggerEncoder(PositionSideOwner, FairseqEncoder):
     """Word (+ position) (+ character CNN) input, position-aware self-attention layers, and the
     residual from the input to the output (Dufter et al. 2020, Table 1a)."""
 
     def __init__(self, args: argparse.Namespace, words: Any, chars: Any, position_options: SidePositionOptions):
-        super().__init__(words)
-        self.position_options = position_options
         self.position_side = PositionSide(position_options, right_padded=False, causal=False)
+        super().__init__(words)
         self.padding_idx = words.pad()
         self.max_source_positions = args.max_source_positions
         self.position_embedding = args.position_embedding
@@ -133,15 +137,10 @@ class SanTaggerEncoder(FairseqEncoder):
         self.dropout_p = args.dropout
         self.dropout_module = FairseqDropout(args.dropout, module_name=self.__class__.__name__)
         self.layers = nn.ModuleList(
-            self.position_side.wrap(PositionAwareEncoderLayer(cfg, position_options, index), cfg)
-            for index in range(args.encoder_layers))
+            self.position_side.next_layer(lambda index: PositionAwareEncoderLayer(cfg, position_options, index), cfg)
+            for _ in range(args.encoder_layers))
         self.position_side.attach(self)
         self.layer_norm = LayerNorm(self.output_dim) if args.encoder_normalize_before else None
-
-    def upgrade_state_dict_named(self, state_dict: Dict[str, Tensor], name: str) -> Dict[str, Tensor]:
-        """Weights from before the side owned its layers' shared modules (T5's table)."""
-        self.position_side.upgrade(self, state_dict, name)
-        return state_dict
 
     def _build_position_embedding(self, args: argparse.Namespace) -> Optional[nn.Embedding]:
         if args.position_embedding == "none":

@@ -247,6 +247,14 @@ class PositionAwareMultiheadAttention(MultiheadAttention):
                              f"{len(self.token_difference_terms)} token-difference terms")
         return zip(self.token_difference_terms, values)
 
+    def biases(self, ctx: PositionContext, values: Sequence[Tensor], tgt_len: int, src_len: int) -> Iterator[Tensor]:
+        """Step 4's dense biases, in order: each additive term's, then each token-difference term's of its
+        ``values``; each broadcastable to ``(batch, heads, tgt_len, src_len)``."""
+        for term in self.additive_terms:
+            yield term.bias(ctx, tgt_len, src_len)
+        for term, token_values in self.with_values(values):
+            yield term.bias_of(token_values, tgt_len)
+
     def path(self, need_weights: bool, device: torch.device, decoding: bool) -> Tuple[str, str]:
         """The path of one call and why, derived from what the terms declare (module docstring)."""
         if need_weights:
@@ -383,10 +391,8 @@ class PositionAwareMultiheadAttention(MultiheadAttention):
     ) -> Tensor:
         tgt_len, src_len = q.size(2), k.size(2)
         mask = ctx.key_padding_bias(q.dtype)  # shared by the layers: never changed in place
-        for term in self.additive_terms:
-            mask = mask + same_dtype(term.bias(ctx, tgt_len, src_len), q.dtype)
-        for term, token_values in self.with_values(values):
-            mask = mask + same_dtype(term.bias_of(token_values, tgt_len), q.dtype)
+        for bias in self.biases(ctx, values, tgt_len, src_len):
+            mask = mask + same_dtype(bias, q.dtype)
         if attn_mask is not None:
             mask = mask + same_dtype(attn_mask, q.dtype)
         dropout_p = self.dropout_module.p if self.training and dropout else 0.0
@@ -425,10 +431,8 @@ class PositionAwareMultiheadAttention(MultiheadAttention):
             logits.add_(term.key_logits(q, ctx, tgt_len, src_len))
         if self.scaling_term is not None:
             logits = self.scaling_term(logits, ctx)
-        for term in self.additive_terms:
-            logits.add_(same_dtype(term.bias(ctx, tgt_len, src_len), logits.dtype))
-        for term, token_values in self.with_values(values):
-            logits.add_(same_dtype(term.bias_of(token_values, tgt_len), logits.dtype))
+        for bias in self.biases(ctx, values, tgt_len, src_len):
+            logits.add_(same_dtype(bias, logits.dtype))
         if attn_mask is not None:
             logits.add_(same_dtype(attn_mask, logits.dtype))
         logits.masked_fill_(ctx.key_padding_4d(), float("-inf"))
