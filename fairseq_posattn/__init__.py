@@ -1,4 +1,5 @@
-"""fairseq-posattn: position-aware self-attention for fairseq (``--user-dir fairseq_posattn``).
+"""fairseq-posattn: position-aware self-attention for fairseq (``--user-dir fairseq_posattn``), the fairseq
+front-end of the library :mod:`posattn`.
 
 Importing the package applies the compatibility shims (:mod:`fairseq_posattn.compat`, and
 :mod:`fairseq_posattn.distributed_compat` for distributed training on CPU processes and under
@@ -7,6 +8,8 @@ torchrun), makes the plugin's own refusals one line in fairseq's commands
 trainer's checkpoint loads (:mod:`fairseq_posattn.models.position_record`: a refusal there advises the
 training flag that makes the change explicit).
 """
+
+import importlib.util
 
 try:
     import fairseq  # noqa: F401
@@ -17,6 +20,15 @@ except ImportError as e:
         "does not import on 3.11), below 3.11 `pip install fairseq==0.12.2`; or `pip install "
         "'fairseq-posattn[fairseq]'`, which picks the right one (README: Install into your own environment)"
     ) from e
+
+#: the import names of the front-end's libraries (setup.py's ``plugin`` extra), which ``pip install fairseq-posattn``
+#: without an extra leaves out (the library ``posattn`` needs torch alone)
+PLUGIN_LIBRARIES = ("sacrebleu", "sacremoses", "subword_nmt", "conllu", "tqdm", "matplotlib")
+_missing = [name for name in PLUGIN_LIBRARIES if importlib.util.find_spec(name) is None]
+if _missing:
+    raise ImportError(f"the fairseq front-end needs {', '.join(_missing)}, which are not installed: "
+                      "`pip install 'fairseq-posattn[plugin]'` (or [fairseq], which also installs fairseq); "
+                      "the library `posattn` alone needs torch only")
 
 from fairseq_posattn import compat, distributed_compat, user_errors  # noqa: E402
 
@@ -32,4 +44,4 @@ position_record.install()
 
 compat.show_model_options_in_help()
 
-__version__ = "0.2.0"  # the one source of the version (setup.py reads it; CHANGELOG.md)
+from posattn import __version__  # noqa: E402,F401  (the library's: one distribution, one version)

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from fairseq_posattn.user_errors import UserError
+from posattn.errors import UserError
 
 
 def allow_fairseq_checkpoints_in_torch_load() -> None:

@@ -20,8 +20,9 @@ import sys
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-from fairseq_posattn.models.position_options import KERNEL_OPTIONS, T_OPTION, WHAT
-from fairseq_posattn.modules.position_terms.registry import REGISTRY, SIDES, MethodOption, PositionMethod
+from fairseq_posattn.models.position_options import T_OPTION, WHAT
+from posattn.position_options import KERNEL_OPTIONS
+from posattn.position_terms.registry import REGISTRY, SIDES, MethodOption, PositionMethod
 
 REPO = Path(__file__).resolve().parent.parent
 #: the documents whose tables are generated, relative to the repository

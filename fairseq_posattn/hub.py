@@ -35,7 +35,7 @@ from fairseq_posattn.data.fingerprint import DataMismatchError
 from fairseq_posattn.models.evaluation_coverage import check_hub_lengths, model_input_lengths
 from fairseq_posattn.structure.alignment import BPE_SEPARATOR
 from fairseq_posattn.tasks.pos_tagging import PosTaggingTask
-from fairseq_posattn.user_errors import UserError
+from posattn.errors import UserError
 
 #: ``max_tokens`` per batch when the checkpoint's config has neither --max-tokens nor --batch-size
 #: (fairseq-eval-lm's own fallback)

@@ -16,9 +16,7 @@ import sys
 from types import TracebackType
 from typing import Optional, Type
 
-
-class UserError(Exception):
-    """Mixed into the plugin's exceptions whose message says everything a user needs (what, where, fix)."""
+from posattn.errors import UserError
 
 
 def install() -> None:

@@ -142,7 +142,7 @@ class Report:
 # ------------------------------------------------------------------------------------ a. correctness
 def layer_variants() -> Iterator[Tuple[str, str, Dict[str, Any]]]:
     """(name, side, option values) of every registered method's variants on each side it takes."""
-    from fairseq_posattn.modules.position_terms.registry import methods_of
+    from posattn.position_terms.registry import methods_of
 
     for side in ("decoder", "encoder"):
         for method in methods_of(side):
@@ -156,7 +156,7 @@ def build_layer(side: str, causal: bool, values: Dict[str, Any], sizes: Sizes, m
     """One attention layer of ``values`` with random parameters (most start at zero), on ``device``."""
     import torch
 
-    from fairseq_posattn.models.position_options import SidePositionOptions
+    from posattn.position_options import SidePositionOptions
     from fairseq_posattn.modules.attention import PositionAwareMultiheadAttention
 
     options = SidePositionOptions(side, causal, max_positions, "--max-positions", **values)
@@ -177,7 +177,7 @@ def fused_paths(attn: Any, device: Any) -> List[Tuple[str, str]]:
     needs CUDA for its backward), and flex_attention where the terms allow it."""
     import torch
 
-    from fairseq_posattn.modules.attention import EXPLICIT, FLEX
+    from posattn.attention import EXPLICIT, FLEX
 
     paths = []
     for mode in ("training", "scoring"):
@@ -221,10 +221,10 @@ def check_configuration(configuration: Configuration, sizes: Sizes, device_name:
     """Part a's rows of one layer configuration (one per fused path it takes), and its log lines."""
     import torch
 
-    from fairseq_posattn.models.position_options import PositionOptionError
-    from fairseq_posattn.modules.attention import FLEX
-    from fairseq_posattn.modules.kernel_self_check import CHECK_LENGTHS, compare_paths
-    from fairseq_posattn.modules.position_context import PositionContext
+    from posattn.position_options import PositionOptionError
+    from posattn.attention import FLEX
+    from posattn.kernel_self_check import CHECK_LENGTHS, compare_paths
+    from posattn.position_context import PositionContext
 
     name, side, values, causal, right, dtype_name = configuration
     dtype, device = getattr(torch, dtype_name), torch.device(device_name)
@@ -413,8 +413,8 @@ def compilations(report: Report, sizes: Sizes, device: Any, budget: float, log: 
     import torch
     from torch._dynamo.utils import counters
 
-    from fairseq_posattn.modules.attention import FLEX
-    from fairseq_posattn.modules.position_context import PositionContext
+    from posattn.attention import FLEX
+    from posattn.position_context import PositionContext
 
     dtype, mode = (torch.bfloat16, "training") if device.type == "cuda" else (torch.float32, "scoring")
     part_started = time.monotonic()

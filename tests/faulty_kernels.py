@@ -6,7 +6,7 @@ from typing import Callable
 
 import torch
 
-from fairseq_posattn.modules import attention
+from posattn import attention
 
 FLEX_KERNEL, REAL_SDPA = attention.flex_kernel, attention.masked_sdpa
 

@@ -8,15 +8,11 @@ import torch
 from fairseq.data import Dictionary
 
 from fairseq_posattn.models import building
-from fairseq_posattn.models.position_options import SidePositionOptions
+from posattn.position_options import SidePositionOptions
 from fairseq_posattn.modules.attention import PositionAwareMultiheadAttention
-from fairseq_posattn.modules.position_terms.catalogue import (
-    all_side_data,
-    all_variants,
-    combined_options,
-    variant_flags,
-)
-from fairseq_posattn.modules.position_terms.registry import SIDES
+from posattn.position_terms.catalogue import all_variants, combined_options, variant_flags
+from posattn.position_terms.registry import SIDES
+from core_helpers import SIDE_DATA
 from reference_attention import randomize_
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -35,9 +31,6 @@ TINY = [
     "--max-source-positions", "24", "--max-target-positions", "24",
 ]
 
-
-#: the side data that registered methods read from batches, by ``net_input`` key (a parse, ...)
-SIDE_DATA = all_side_data()
 
 
 class TinyTask:
@@ -71,8 +64,6 @@ def build_lm(arch: str, extra: List[str]):
     return build_model(arch, extra, tiny=TINY_LM)
 
 
-#: every method at once, as each declares itself in the all-at-once model (``PositionMethod.combined``)
-COMBINED = combined_options()
 #: by side, every registered method's variants that the side takes (the registry's), and all of them at once
 SIDE_VARIANTS: Dict[str, Dict[str, Mapping[str, Any]]] = {
     side: {**all_variants(side), "combined": combined_options(side)} for side in SIDES}

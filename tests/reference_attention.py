@@ -14,23 +14,22 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import torch
 from torch import Tensor
 
-from fairseq_posattn.modules.attention import PositionAwareMultiheadAttention
-from fairseq_posattn.modules.position_terms.alibi import LinearDistanceBias
-from fairseq_posattn.modules.position_terms.contextual import ContextualPositionBias
-from fairseq_posattn.modules.position_terms.convolution import ConvolvedAttention1d, ConvolvedAttention2d
-from fairseq_posattn.modules.position_terms.direct import DirectAbsolutePositionBias, DirectRelativePositionBias
-from fairseq_posattn.modules.position_terms.distance_aware import DistanceAwareScaling
-from fairseq_posattn.modules.position_terms.fire import FireBias
-from fairseq_posattn.modules.position_terms.forget_gate import ForgetGateBias
-from fairseq_posattn.modules.position_terms.kerple import KerpleBias
-from fairseq_posattn.modules.position_terms.relative_embeddings import RelativePositionEmbeddings
-from fairseq_posattn.modules.position_terms.rotary import RotaryEmbedding
-from fairseq_posattn.modules.position_terms.sandwich import SandwichBias
-from fairseq_posattn.modules.position_terms.structural import StructuralRelativeEmbeddings
-from fairseq_posattn.modules.position_terms.t5_bias import T5RelativeBias
-from fairseq_posattn.modules.position_terms.temperature import LearnableTemperature
-from fairseq_posattn.modules.position_terms.xpos import XPosEmbedding
-from fairseq_posattn.structure import structural_relative_positions, tree_depths
+from posattn.attention import PositionKernel
+from posattn.position_terms.alibi import LinearDistanceBias
+from posattn.position_terms.contextual import ContextualPositionBias
+from posattn.position_terms.convolution import ConvolvedAttention1d, ConvolvedAttention2d
+from posattn.position_terms.direct import DirectAbsolutePositionBias, DirectRelativePositionBias
+from posattn.position_terms.distance_aware import DistanceAwareScaling
+from posattn.position_terms.fire import FireBias
+from posattn.position_terms.forget_gate import ForgetGateBias
+from posattn.position_terms.kerple import KerpleBias
+from posattn.position_terms.relative_embeddings import RelativePositionEmbeddings
+from posattn.position_terms.rotary import RotaryEmbedding
+from posattn.position_terms.sandwich import SandwichBias
+from posattn.position_terms.structural import StructuralRelativeEmbeddings
+from posattn.position_terms.t5_bias import T5RelativeBias
+from posattn.position_terms.temperature import LearnableTemperature
+from posattn.position_terms.xpos import XPosEmbedding
 
 
 class References(dict):
@@ -87,7 +86,10 @@ def _shaw(term, i: int, j: int, length: int) -> Tuple[Tensor, Optional[Tensor]]:
 def _example_tree_relative(length: int, clip: int) -> List[List[int]]:
     """Relative structural positions (Wang et al. 2019, 3.1-3.2) of the tests' example parse of a sentence of
     ``length`` tokens, from the word-level tree functions: two pieces per word, word w's head word (w - 1) // 2
-    (w = 0 the root), EOS last and on no path (``sign(i - j) * (depth_i + depth_j)``, its depth 0)."""
+    (w = 0 the root), EOS last and on no path (``sign(i - j) * (depth_i + depth_j)``, its depth 0). The tree
+    functions are the fairseq front-end's (imported here: the rest of the reference needs torch alone)."""
+    from fairseq_posattn.structure import structural_relative_positions, tree_depths
+
     words = [token // 2 for token in range(length - 1)]
     heads = [0 if w == 0 else (w - 1) // 2 + 1 for w in range(length // 2)]  # CoNLL: 1-based, 0 = root
     word_relative, depths = structural_relative_positions(heads), tree_depths(heads)
@@ -334,7 +336,7 @@ REFERENCE_POST_SOFTMAX = References("REFERENCE_POST_SOFTMAX", {
 
 
 def reference_attention(
-    attn: PositionAwareMultiheadAttention, x: Tensor, causal: bool
+    attn: PositionKernel, x: Tensor, causal: bool
 ) -> Tuple[Tensor, Tensor]:
     """Attention of one sentence ``x`` (length L, embed E): returns (output L x E, probs H x L x L).
 

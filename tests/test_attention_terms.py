@@ -2,54 +2,20 @@
 (probabilities and outputs), on padded batches, for a bidirectional and a causal side."""
 
 import math
-from typing import List, Mapping, Sequence, Tuple
 
 import pytest
 import torch
 
-from fairseq_posattn.models.position_options import SidePositionOptions, side_defaults
-from fairseq_posattn.modules.attention import SDPA, PositionAwareMultiheadAttention
-from fairseq_posattn.modules.position_context import PositionContext
-from fairseq_posattn.modules.position_terms.base import SequenceTooLongError, lookup
-from fairseq_posattn.modules.position_terms.catalogue import all_variants
-from fairseq_posattn.modules.position_terms.direct import circulant_bias
-from fairseq_posattn.modules.position_terms.distance_aware import DistanceAwareScaling
-from fairseq_posattn.modules.position_terms.relative_embeddings import RelativePositionEmbeddings
-from model_helpers import COMBINED, SIDE_DATA
+from core_helpers import E, H, T_MAX, VARIANTS, AllAtOnce, applies, batch, context, on_side, side_cases  # noqa: F401
+from fairseq_posattn.modules.attention import PositionAwareMultiheadAttention
+from posattn.attention import SDPA
+from posattn.position_context import PositionContext
+from posattn.position_options import SidePositionOptions
+from posattn.position_terms.base import SequenceTooLongError, lookup
+from posattn.position_terms.direct import circulant_bias
+from posattn.position_terms.distance_aware import DistanceAwareScaling
+from posattn.position_terms.relative_embeddings import RelativePositionEmbeddings
 from reference_attention import randomize_, reference_attention, sentence_of
-
-E, H, T_MAX = 8, 2, 9
-
-#: every registered method's variants, and all methods at once (with the 2d or the 1d convolution)
-class AllAtOnce(dict):
-    """Option values of several methods, built on each side with the methods that side takes."""
-
-
-VARIANTS = {
-    **all_variants(),
-    "all-at-once": AllAtOnce(COMBINED),
-    "all-with-conv-1d": AllAtOnce(COMBINED, conv_attention="1d"),
-}
-
-
-def on_side(variant: dict, causal: bool) -> dict:
-    """``variant``'s options that the side takes (causal: a decoder's, else an encoder's); the all-at-once
-    variants keep every method the side takes. A variant of methods the side does not take (FoX and CoPE are
-    causal only) is a mistake of the test's cases (:func:`side_cases`)."""
-    assert applies(variant, causal), f"an encoder takes no {sorted(set(variant) - set(side_defaults('encoder')))}"
-    known = side_defaults("decoder" if causal else "encoder")
-    return {name: value for name, value in variant.items() if name in known}
-
-
-def side_cases(variants: Mapping[str, dict], cases: Sequence[Tuple[bool, str]]) -> List[Tuple[str, bool, str]]:
-    """``(variant, causal, padding)`` of every variant with every case whose side takes it."""
-    return [(name, causal, padding) for name in sorted(variants) for causal, padding in cases
-            if applies(variants[name], causal)]
-
-
-def applies(variant: dict, causal: bool) -> bool:
-    """The side takes every method of ``variant`` (an all-at-once variant: always, with the side's methods)."""
-    return isinstance(variant, AllAtOnce) or set(variant) <= set(side_defaults("decoder" if causal else "encoder"))
 
 
 def build_attention(variant: dict, causal: bool, seed: int = 0) -> PositionAwareMultiheadAttention:
@@ -63,29 +29,6 @@ def build_attention(variant: dict, causal: bool, seed: int = 0) -> PositionAware
     for shared in options.shared.values():  # what the side would own (T5's table), random and double too
         randomize_(shared.double(), seed + 1)
     return attn.eval()
-
-
-def batch(padding: str, lengths=(7, 4, 5)):
-    """T x B x E inputs and a B x T padding mask (None for equal lengths)."""
-    generator = torch.Generator().manual_seed(1)
-    T = max(lengths)
-    x = torch.randn(T, len(lengths), E, generator=generator, dtype=torch.double)
-    mask = torch.zeros(len(lengths), T, dtype=torch.bool)
-    for b, n in enumerate(lengths):
-        if padding == "left":
-            mask[b, : T - n] = True
-        else:
-            mask[b, n:] = True
-    return x, (mask if mask.any() else None)
-
-
-def context(mask, x: torch.Tensor, causal: bool = False) -> PositionContext:
-    """The batch's context as a side builds it: right padding (or none) as a decoder, left padding
-    as an encoder (token positions from the mask), with every registered method's side data for it."""
-    if mask is None:
-        mask = torch.zeros(x.size(1), x.size(0), dtype=torch.bool)
-    rows = {name: values for data in SIDE_DATA.values() for name, values in data.example(mask).items()}
-    return PositionContext.from_padding(mask, right_padded=not bool(mask[:, 0].any()), side_data=rows, causal=causal)
 
 
 def unpadded(length: int) -> PositionContext:

@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from fairseq_posattn.modules.position_terms.catalogue import variant_flags
-from fairseq_posattn.modules.position_terms.registry import REGISTRY
+from posattn.position_terms.catalogue import variant_flags
+from posattn.position_terms.registry import REGISTRY
 from posattn_benchmark.cli import parse_cli  # scripts/ is on pytest's pythonpath (pyproject.toml)
 from posattn_benchmark.variants import (
     DECODER_SPEED, POSATTN_LM_ARCH, TARGETS, TARGETS_BY_KIND, VARIANT_TARGETS, VARIANTS_BY_NAME, Target,

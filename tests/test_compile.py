@@ -15,7 +15,7 @@ import torch._dynamo
 from torch import Tensor, nn
 from torch._dynamo.utils import counters
 
-from fairseq_posattn.modules.position_context import PositionContext
+from posattn.position_context import PositionContext
 from model_helpers import build_model, randomized, side_flags
 
 #: every term: "combined" has direct (both), temperature, conv 2d, DA and Shaw; conv 1d on its own

@@ -8,7 +8,7 @@ from typing import Dict, List
 import pytest
 import torch
 
-from fairseq_posattn.modules.position_context import SMALLEST_TABLE
+from posattn.position_context import SMALLEST_TABLE
 from model_helpers import build_lm, randomized, side_flags
 
 LENGTH = SMALLEST_TABLE + 6  # past the first bucket: every table is built again, longer

@@ -16,6 +16,7 @@ from fairseq import options
 from fairseq.models import ARCH_MODEL_REGISTRY
 
 import fairseq_posattn
+import posattn
 from fairseq_posattn import docs_tables
 from fairseq_posattn.models.building import USER_DIR, parse_model_args
 from model_helpers import REPO
@@ -262,4 +263,4 @@ def test_the_version_has_one_source():
     setup = (ROOT / "setup.py").read_text(encoding="utf-8")
     assert "version=VERSION" in setup and not re.search(r"version=['\"]", setup)
     newest = re.search(r"^## (\S+)", (ROOT / "CHANGELOG.md").read_text(encoding="utf-8"), re.M).group(1)
-    assert newest == fairseq_posattn.__version__
+    assert newest == posattn.__version__ == fairseq_posattn.__version__

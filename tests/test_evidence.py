@@ -58,7 +58,7 @@ def test_the_plan_has_every_system_of_the_issue_with_its_seeds_and_budget(tmp_pa
     assert {s for _, s, _ in by_task["classification"]} == {"vanilla", "shaw", "da", "nopos"}
     # length extrapolation: every causal variant of the registry (read here from the registry itself), the
     # position-free and classic decoders and the attentive LSTMs
-    from fairseq_posattn.modules.position_terms.catalogue import all_variants
+    from posattn.position_terms.catalogue import all_variants
 
     methods = {s for _, s, _ in by_task["extrapolation"]}
     assert methods == set(all_variants("decoder")) | {"sinusoidal", "none", "learned", "attentive_lstm_lm",

@@ -33,7 +33,7 @@ from cli_helpers import (BIN, add_structure_in_process, binarize_in_process, err
 from fairseq_posattn.data.sentence_classification import split_corpus
 from fairseq_posattn.data.tagging_binarize import prepare_tagging_data
 from fairseq_posattn.models import building
-from fairseq_posattn.models.position_options import PositionOptionError
+from posattn.position_options import PositionOptionError
 from fairseq_posattn.models.position_record import encode
 from model_helpers import REPO, USER_DIR
 

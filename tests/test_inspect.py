@@ -18,9 +18,9 @@ from fairseq_posattn.cli.inspect import main as inspect_main
 from fairseq_posattn.inspect import plots
 from fairseq_posattn.inspect.capture import Inspection, PositionalTrace, dataset_sample, inspect_model
 from fairseq_posattn.modules.attention import PositionAwareMultiheadAttention
-from fairseq_posattn.modules.position_context import PositionContext
-from fairseq_posattn.modules.position_terms.quantities import CURVE, MATRIX
-from fairseq_posattn.modules.position_terms.registry import REGISTRY, method_of
+from posattn.position_context import PositionContext
+from posattn.position_terms.quantities import CURVE, MATRIX
+from posattn.position_terms.registry import REGISTRY, method_of
 from model_helpers import REPO, USER_DIR, TinyTask, build_lm, build_model, randomized, side_flags
 
 LINES = 60

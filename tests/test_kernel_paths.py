@@ -8,11 +8,12 @@ import logging
 import pytest
 import torch
 
-from fairseq_posattn.models.position_options import PositionOptionError, SidePositionOptions
-from fairseq_posattn.modules.attention import EXPLICIT, FLEX, SDPA, PositionAwareMultiheadAttention, PositionTerms
-from fairseq_posattn.modules.position_context import PositionContext, SequenceTables
-from fairseq_posattn.modules.position_terms.base import AdditiveLogitBias, apply_densely
-from model_helpers import COMBINED
+from posattn.position_options import PositionOptionError, SidePositionOptions
+from fairseq_posattn.modules.attention import PositionAwareMultiheadAttention
+from posattn.attention import EXPLICIT, FLEX, SDPA, PositionTerms
+from posattn.position_context import PositionContext, SequenceTables
+from posattn.position_terms.base import AdditiveLogitBias, apply_densely
+from core_helpers import COMBINED
 from test_attention_terms import E, H, T_MAX, VARIANTS, AllAtOnce, applies, batch, build_attention, causal_mask, \
     context, side_cases
 

@@ -1,4 +1,4 @@
-"""The fused paths' self-check (fairseq_posattn/modules/kernel_self_check.py): the check's batch, every
+"""The fused paths' self-check (posattn/kernel_self_check.py): the check's batch, every
 fused path of every registered method passing it on the CPU, and a faulty kernel injected where the
 kernel calls it (wrong values; NaN gradients): one warning, the explicit path from then on, the explicit
 path's numbers; ``error`` stops fairseq-train with one line."""
@@ -13,11 +13,11 @@ import textwrap
 import pytest
 import torch
 
-from fairseq_posattn.modules import attention, kernel_self_check
-from fairseq_posattn.modules.attention import FLEX, SDPA
-from fairseq_posattn.modules.kernel_self_check import FusedKernelMismatch, compare_paths, forget_verdicts
-from fairseq_posattn.modules.position_context import PositionContext
-from fairseq_posattn.modules.position_terms.structural import PARSE, StructuralRelativeEmbeddings, \
+from posattn import attention, kernel_self_check
+from posattn.attention import FLEX, SDPA
+from posattn.kernel_self_check import FusedKernelMismatch, compare_paths, forget_verdicts
+from posattn.position_context import PositionContext
+from posattn.position_terms.structural import PARSE, StructuralRelativeEmbeddings, \
     binary_tree_side_data
 from cli_helpers import error_line, preprocess_in_process
 from faulty_kernels import nan_gradient_sdpa, shifted_flex, uncompilable_flex
@@ -232,7 +232,7 @@ def test_every_learned_tensor_a_score_mod_captures_is_a_table_in_fp32(variant):
 FAULTY_TRAIN = """
 import sys
 import faulty_kernels
-from fairseq_posattn.modules import attention
+from posattn import attention
 attention.masked_sdpa = faulty_kernels.nan_gradient_sdpa
 sys.argv[0] = "fairseq-train"
 from fairseq_cli.train import cli_main

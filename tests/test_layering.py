@@ -1,7 +1,8 @@
-"""The package's layers: command lines (``cli/``) sit on the library and never the other way round,
-``structure/`` does not reach into ``data/``, the attention kernel knows kinds of term and no method, the shared
-core (``modules/``, the registry's shared files, the sides) names no method, the side object is the only place
-a model builds a context, and
+"""The packages' layers: the library ``posattn`` imports torch and itself only (never a front-end, fairseq or
+transformers; it runs where torch alone is installed: ``test_core_install.py``), command lines (``cli/``) sit on
+the plugin and never the other way round, ``structure/`` does not reach into ``data/``, the attention kernel knows
+kinds of term and no method, the shared core (the library's files but the methods' own, the plugin's
+``modules/``, the sides) names no method, the side object is the only place a model builds a context, and
 every ``posattn-*`` command is a thin ``cli/`` module. The tools (``scripts/``, ``examples/evidence/``) sit on
 the library, which never imports them, and the tests reach them through pytest's ``pythonpath``, never by
 editing ``sys.path``."""
@@ -10,6 +11,7 @@ import ast
 import io
 import os
 import re
+import sys
 import tokenize
 from typing import Iterator, List, Tuple
 
@@ -17,6 +19,7 @@ from cli_helpers import run, run_failing
 from model_helpers import REPO
 
 PACKAGE = os.path.join(REPO, "fairseq_posattn")
+LIBRARY = os.path.join(REPO, "posattn")
 SST2 = os.path.join(REPO, "data", "sst2_sample")
 
 
@@ -52,29 +55,47 @@ def test_structure_does_not_import_data():
     assert imports_of("structure", "fairseq_posattn.data") == []
 
 
+def library_imports() -> Iterator[Tuple[str, str]]:
+    """``(file:line, module)`` of every absolute import in the library."""
+    for root, _, files in os.walk(LIBRARY):
+        for name in sorted(f for f in files if f.endswith(".py")):
+            path = os.path.join(root, name)
+            yield from ((f"{os.path.relpath(path, REPO)}:{line}", module) for line, module in imported_modules(path))
+
+
+def test_the_library_imports_torch_and_itself_only():
+    """No front-end, no fairseq, no transformers, nothing else installed: ``pip install .`` needs torch alone."""
+    allowed = {"torch", "posattn", "__future__", *sys.stdlib_module_names}
+    found = [f"{where} {module}" for where, module in library_imports() if module.split(".")[0] not in allowed]
+    assert found == []
+
+
 def test_the_kernel_knows_kinds_of_term_and_no_method():
-    kernel = [os.path.join(PACKAGE, "modules", name) for name in ("attention.py", "kernel_self_check.py")]
+    kernel = [os.path.join(LIBRARY, name) for name in ("attention.py", "kernel_self_check.py")]
+    kernel.append(os.path.join(PACKAGE, "modules", "attention.py"))
     methods = [module for path in kernel for _, module in imported_modules(path)
-               if module.startswith("fairseq_posattn.modules.position_terms.")
-               and not module.startswith("fairseq_posattn.modules.position_terms.base.")]
+               if module.startswith("posattn.position_terms.")
+               and not module.startswith("posattn.position_terms.base.")]
     assert methods == []
 
 
-#: the shared core: every file under modules/ but the methods' own, the side's files under models/, inspection
+#: the shared core, relative to the repository: every file of the library but the methods' own, the plugin's
+#: modules/, the side's files under models/, inspection
 SHARED_CORE = [
-    *(os.path.join("modules", name) for name in sorted(os.listdir(os.path.join(PACKAGE, "modules")))
-      if name.endswith(".py")),
-    *(os.path.join("modules", "position_terms", name)
+    *(os.path.join("posattn", name) for name in sorted(os.listdir(LIBRARY)) if name.endswith(".py")),
+    *(os.path.join("posattn", "position_terms", name)
       for name in ("base.py", "registry.py", "catalogue.py", "quantities.py", "side_inputs.py")),
-    *(os.path.join("models", name) for name in ("position_side.py", "position_options.py",
-                                                "position_aware_transformer.py", "building.py")),
-    *(os.path.join("inspect", name) for name in ("capture.py", "plots.py")),
+    *(os.path.join("fairseq_posattn", "modules", name)
+      for name in sorted(os.listdir(os.path.join(PACKAGE, "modules"))) if name.endswith(".py")),
+    *(os.path.join("fairseq_posattn", "models", name) for name in ("position_side.py", "position_options.py",
+                                                                 "position_aware_transformer.py", "building.py")),
+    *(os.path.join("fairseq_posattn", "inspect", name) for name in ("capture.py", "plots.py")),
 ]
 
 
 def method_words() -> List[str]:
     """What names a registered method: its name, its variants' names and their labels."""
-    from fairseq_posattn.modules.position_terms.registry import REGISTRY
+    from posattn.position_terms.registry import REGISTRY
 
     words = set()
     for method in REGISTRY.values():
@@ -108,8 +129,8 @@ def test_the_shared_core_names_no_method():
     methods' own files)."""
     patterns = {word: re.compile(r"(?<![\w-])" + re.escape(word).replace(r"\-", "[-_ ]") + r"(?![\w-])", re.I)
                 for word in method_words()}
-    found = [f"fairseq_posattn/{name}:{line} names {word!r}" for name in SHARED_CORE
-             for line, text in prose_and_names(os.path.join(PACKAGE, name))
+    found = [f"{name}:{line} names {word!r}" for name in SHARED_CORE
+             for line, text in prose_and_names(os.path.join(REPO, name))
              for word, pattern in patterns.items() if pattern.search(text)]
     assert found == []
 
@@ -146,11 +167,11 @@ def tool_modules() -> set:
     return names
 
 
-def test_the_library_never_imports_the_tools():
+def test_the_packages_never_import_the_tools():
     tools = tool_modules()
     assert {"posattn_tools", "posattn_benchmark", "gpu_check", "evidence", "results_readers"} <= tools
     found = []
-    for root, _, files in os.walk(PACKAGE):
+    for root, _, files in (*os.walk(PACKAGE), *os.walk(LIBRARY)):
         for name in sorted(f for f in files if f.endswith(".py")):
             path = os.path.join(root, name)
             with open(path, encoding="utf-8") as f:

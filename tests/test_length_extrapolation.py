@@ -220,7 +220,7 @@ def hub_outputs(trained):
 def test_the_tied_methods_are_those_whose_models_declare_a_fixed_limit(hub_outputs):
     """The recipe's methods cover every causal variant of the registry; the models tied to their positions
     (the direct interactions, the 1d convolution, learned position embeddings) are exactly those expected."""
-    from fairseq_posattn.modules.position_terms.catalogue import all_variants
+    from posattn.position_terms.catalogue import all_variants
 
     assert set(all_variants("decoder")) <= set(METHODS)
     assert {"sinusoidal", "none", "learned", "attentive_lstm_lm", "positional_attentive_lstm_lm"} <= set(METHODS)
@@ -318,7 +318,7 @@ def test_recipe_dry_run_prints_every_command_of_every_method(tmp_path):
     """Every registered causal variant (and sinusoidal, none, learned, the LSTM LMs): one training on blocks of
     64 (500 updates; the LSTM LMs 2,000), then fairseq-eval-lm at 64 ... 1024 tokens both ways, with the
     override; nothing is written."""
-    from fairseq_posattn.modules.position_terms.catalogue import all_variants
+    from posattn.position_terms.catalogue import all_variants
 
     out = tmp_path / "out"
     printed = recipe({"OUT": str(out), "DATA_DIR": str(tmp_path / "absent")}, "--dry-run").stdout

@@ -7,7 +7,7 @@ import pytest
 import torch
 from fairseq.modules import MultiheadAttention
 
-from fairseq_posattn.modules.position_terms.base import SequenceTooLongError
+from posattn.position_terms.base import SequenceTooLongError
 from model_helpers import SIDE_VARIANTS, build_lm, build_model, randomized, side_flags, side_inputs
 
 def tokens(rows: List[List[int]], left_pad: bool, pad: int = 1) -> torch.Tensor:

@@ -8,15 +8,15 @@ from typing import Dict
 import pytest
 import torch
 
-from fairseq_posattn.models.position_options import PositionOptionError, SidePositionOptions
-from fairseq_posattn.modules.position_context import PositionContext
-from fairseq_posattn.modules.position_terms.base import apply_densely
-from fairseq_posattn.modules.position_terms.contextual import ContextualPositionBias
-from fairseq_posattn.modules.position_terms.fire import FireBias
-from fairseq_posattn.modules.position_terms.forget_gate import ForgetGateBias
-from fairseq_posattn.modules.position_terms.kerple import KerpleBias, KerpleParameters
-from fairseq_posattn.modules.position_terms.sandwich import SandwichBias
-from fairseq_posattn.modules.position_terms.xpos import XPosEmbedding
+from posattn.position_options import PositionOptionError, SidePositionOptions
+from posattn.position_context import PositionContext
+from posattn.position_terms.base import apply_densely
+from posattn.position_terms.contextual import ContextualPositionBias
+from posattn.position_terms.fire import FireBias
+from posattn.position_terms.forget_gate import ForgetGateBias
+from posattn.position_terms.kerple import KerpleBias, KerpleParameters
+from posattn.position_terms.sandwich import SandwichBias
+from posattn.position_terms.xpos import XPosEmbedding
 from model_helpers import build_lm, build_model, randomized
 from test_attention_terms import (assert_gradients_match_finite_differences, assert_matches_reference, batch,
                                   build_attention, causal_mask, context, side_cases)

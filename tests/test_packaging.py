@@ -57,11 +57,18 @@ def requirements(wheel: zipfile.ZipFile) -> Dict[str, str]:
     return by_extra
 
 
-def test_base_requirements_leave_the_users_fairseq_and_parsers_alone(wheel):
-    base = requirements(wheel)[""]
-    names = [re.split(r"[<>=!~; ]", line)[0].lower() for line in base]
-    assert "torch>=2.3" in base and "sacrebleu>=2.0" in base
-    assert not {"fairseq", "fairseq-fixed", "torchaudio", "spacy", "stanza", "pytest"} & set(names), base
+def test_the_base_requirement_is_torch_alone(wheel):
+    """``pip install fairseq-posattn`` installs the library ``posattn``, which needs torch only."""
+    assert requirements(wheel)[""] == ["torch>=2.3"]
+
+
+def test_the_plugin_extra_carries_the_front_ends_libraries_and_leaves_fairseq_and_parsers_alone(wheel):
+    plugin = requirements(wheel)["plugin"]
+    names = {re.split(r"[<>=!~; ]", line)[0].lower() for line in plugin}
+    assert {"sacrebleu", "sacremoses", "subword-nmt", "conllu", "tqdm", "matplotlib"} <= names
+    assert not {"fairseq", "fairseq-fixed", "torchaudio", "spacy", "stanza", "pytest"} & names, plugin
+    for extra in ("fairseq", "parse"):  # each brings the plugin's libraries with it
+        assert {line.replace('"plugin"', f'"{extra}"') for line in plugin} <= set(requirements(wheel)[extra]), extra
 
 
 def test_extras_pick_fairseq_by_python_version_and_carry_the_parsers_and_test_tools(wheel):
@@ -81,6 +88,7 @@ def test_wheel_ships_license_configs_and_console_scripts_but_no_tests(wheel):
     shipped = sorted(str(p.relative_to(REPO)) for p in (REPO / "fairseq_posattn" / "configs").glob("*/*.yaml"))
     assert configs and sorted(configs) == shipped
     assert not [n for n in names if n.startswith("tests/") or n.startswith("scripts/")]
+    assert "posattn/__init__.py" in names and "posattn/position_terms/alibi.py" in names
     (entry_points,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
     scripts = wheel.read(entry_points).decode()
     for script in ("posattn-prepare-translation", "posattn-parse", "posattn-score", "posattn-tag"):
@@ -97,6 +105,6 @@ def test_python_requires_is_what_the_code_needs(wheel):
     if vermin is None:
         pytest.skip("vermin is not installed (pip install 'fairseq-posattn[test]')")
     report = subprocess.run([vermin, "--no-tips", "--eval-annotations", "--backport", "dataclasses",
-                             "--backport", "typing", "--exclude", "long", "-t=3.9-", "--violations", str(REPO / "fairseq_posattn")],
+                             "--backport", "typing", "--exclude", "long", "-t=3.9-", "--violations", str(REPO / "posattn"), str(REPO / "fairseq_posattn")],
                             capture_output=True, text=True)
     assert report.returncode == 0, report.stdout + report.stderr

@@ -22,7 +22,7 @@ from test_benchmark_script import TINY as BENCHMARK_TINY
 TOYS = tuple(Path(REPO) / "tests" / "data" / name for name in ("toy_neighbour_method.py", "toy_segment_method.py"))
 #: the places a new method touches, as docs/design.md counts them, and what holds each to account
 PLACES_A_METHOD_TOUCHES = {
-    "its file in modules/position_terms/": "this test: each toy is the copy's only new file",
+    "its file in posattn/position_terms/": "this test: each toy is the copy's only new file",
     "one import line": "this test: the copy's only other change is one line per toy in position_terms/__init__.py",
     "its reference in tests/reference_attention.py": "the reference families stop, naming where to add it",
     "its section in docs/methods.md": "test_documents: a method without its option table there is reported",
@@ -31,7 +31,7 @@ PLACES_A_METHOD_TOUCHES = {
 NUMBER_WORDS = {2: "two", 3: "three", 4: "four", 5: "five", 6: "six", 7: "seven"}
 #: the test families whose variant lists come from the registry (in-process models; no --user-dir)
 FAMILIES = ("tests/test_attention_terms.py", "tests/test_kernel_paths.py", "tests/test_model_invariants.py",
-            "tests/test_transformer_lm.py")
+            "tests/test_core.py", "tests/test_transformer_lm.py")
 #: the benchmark's rows and derived sets, and posattn-inspect's kinds of a model with the toy on
 OUTSIDE_THE_TESTS = """
 import fairseq_posattn, posattn_benchmark.variants as v, torch
@@ -45,7 +45,7 @@ sample = {'net_input': {'src_tokens': torch.tensor([[4, 5, 6, 7]]), 'src_lengths
 print(inspect_model(model, TinyTask(), sample, 'given').available_kinds())
 print(v.VARIANTS_BY_NAME['toy-segment'].label, v.VARIANTS_BY_NAME['toy-segment'].flags, 'lm-toy-segment' in v.VARIANTS_BY_NAME)
 from model_helpers import build_model, side_inputs
-from fairseq_posattn.modules.position_terms.side_inputs import SideDataError
+from posattn.position_terms.side_inputs import SideDataError
 model = randomized(build_model('transformer_posattn', side_flags('encoder', 'toy-segment')))
 src = torch.tensor([[4, 5, 6, 7, 8, 2]])
 sample = {'net_input': {'src_tokens': src, 'src_lengths': torch.tensor([6]),
@@ -60,20 +60,22 @@ except SideDataError as error:
 
 
 def package_with_toy(root: Path) -> Path:
-    """A copy of ``fairseq_posattn`` under ``root`` with each toy's file and its one import line."""
-    copy = root / "fairseq_posattn"
-    shutil.copytree(Path(REPO) / "fairseq_posattn", copy, ignore=shutil.ignore_patterns("__pycache__"))
-    init = copy / "modules" / "position_terms" / "__init__.py"
+    """A copy of the library ``posattn`` and of ``fairseq_posattn`` under ``root``, with each toy's file and its
+    one import line in the library."""
+    for package in ("posattn", "fairseq_posattn"):
+        shutil.copytree(Path(REPO) / package, root / package, ignore=shutil.ignore_patterns("__pycache__"))
+    copy = root / "posattn"
+    init = copy / "position_terms" / "__init__.py"
     text = init.read_text()
     imports = "".join(f"    {toy.stem},\n" for toy in TOYS)
     init.write_text(text.replace("    contextual,\n)", f"    contextual,\n{imports})"))
     assert init.read_text() != text, "the import list of position_terms/__init__.py changed: update this test"
     for toy in TOYS:
-        shutil.copy(toy, copy / "modules" / "position_terms" / toy.name)
-    changed = {path.relative_to(copy) for path in copy.rglob("*.py")
-               if not (Path(REPO) / "fairseq_posattn" / path.relative_to(copy)).is_file()
-               or (Path(REPO) / "fairseq_posattn" / path.relative_to(copy)).read_text() != path.read_text()}
-    package = Path("modules") / "position_terms"
+        shutil.copy(toy, copy / "position_terms" / toy.name)
+    changed = {path.relative_to(root) for path in root.rglob("*.py")
+               if not (Path(REPO) / path.relative_to(root)).is_file()
+               or (Path(REPO) / path.relative_to(root)).read_text() != path.read_text()}
+    package = Path("posattn") / "position_terms"
     assert changed == {package / "__init__.py", *(package / toy.name for toy in TOYS)}, sorted(changed)
     assert len(init.read_text().splitlines()) - len(text.splitlines()) == len(TOYS)
     return root
@@ -103,7 +105,7 @@ def test_a_method_in_one_file_reaches_every_test_family_the_benchmark_and_inspec
     for family in FAMILIES:
         assert any(f"{Path(family).name}::" in line for line in passed), f"no toy test ran in {family}"
 
-    for family in FAMILIES[:3]:  # the encoder's families: the side-data toy is an encoder method
+    for family in FAMILIES[:4]:  # the encoder's families: the side-data toy is an encoder method
         assert any(f"{Path(family).name}::" in line and "toy-segment" in line for line in passed), \
             f"no test of the side-data toy ran in {family}"
 

@@ -18,14 +18,14 @@ from fairseq.models.transformer import Embedding, TransformerConfig, Transformer
 from cli_helpers import BIN
 from fairseq_posattn.data.sentence_classification import split_corpus
 from fairseq_posattn.inspect.learning_curves import read_curve
-from fairseq_posattn.models.position_options import PositionOptionError
+from posattn.position_options import PositionOptionError
 from fairseq_posattn.models.transformer_classifier_posattn import (
     PositionAwareTransformerClassifier,
     pool,
     posattn_classifier_base,
 )
 from fairseq_posattn.modules.attention import PositionAwareMultiheadAttention
-from fairseq_posattn.modules.position_terms.base import SequenceTooLongError
+from posattn.position_terms.base import SequenceTooLongError
 from model_helpers import REPO, parse_model_args, randomized
 
 SST2 = os.path.join(REPO, "data", "sst2_sample")

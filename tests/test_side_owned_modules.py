@@ -10,9 +10,9 @@ import torch
 from torch import nn
 
 from fairseq_posattn.models.position_side import SharedCopiesDifferError
-from fairseq_posattn.models.position_options import SidePositionOptions
+from posattn.position_options import SidePositionOptions
 from fairseq_posattn.modules.attention import AttentionWeights, PositionAwareMultiheadAttention
-from fairseq_posattn.modules.position_terms.t5_bias import T5RelativeBias
+from posattn.position_terms.t5_bias import T5RelativeBias
 from model_helpers import build_lm, build_model, side_flags
 from reference_attention import randomize_, reference_attention, sentence_of
 from test_attention_terms import E, H, T_MAX, VARIANTS, batch, causal_mask, context

@@ -10,8 +10,8 @@ import pytest
 import torch
 from fairseq.modules import SinusoidalPositionalEmbedding
 
-from fairseq_posattn.models.position_options import PositionOptionError
-from fairseq_posattn.modules.position_terms.structural import (
+from posattn.position_options import PositionOptionError
+from posattn.position_terms.structural import (
     PARSE,
     StructuralPositionalEmbedding,
     StructuralRelativeEmbeddings,

@@ -22,8 +22,8 @@ from fairseq.data import Dictionary
 from torch import Tensor, nn
 
 from fairseq_posattn.modules.attention import PositionAwareMultiheadAttention
-from fairseq_posattn.modules.position_terms.distance_aware import DistanceAwareScaling
-from fairseq_posattn.modules.position_terms.structural import PARSE
+from posattn.position_terms.distance_aware import DistanceAwareScaling
+from posattn.position_terms.structural import PARSE
 from model_helpers import (
     SIDE_VARIANTS,
     TINY,

@@ -8,7 +8,7 @@ import torch
 from fairseq.modules import MultiheadAttention
 
 from model_helpers import SIDE_VARIANTS, build_lm, randomized, side_flags
-from fairseq_posattn.models.position_options import PositionOptionError
+from posattn.position_options import PositionOptionError
 from fairseq_posattn.models.transformer_lm_posattn import check_block_fits
 
 TOKENS = torch.tensor([[2, 5, 6, 7, 8, 9, 10, 11], [2, 12, 13, 14, 15, 16, 17, 18]])

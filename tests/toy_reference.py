@@ -1,8 +1,8 @@
 """pytest plugin of tests/test_registry_is_closed.py (``-p toy_reference``): the toy methods' independent
 references, added to the reference implementation's biases as a real method's would be."""
 
-from fairseq_posattn.modules.position_terms.toy_neighbour_method import NeighbourBias
-from fairseq_posattn.modules.position_terms.toy_segment_method import SEGMENT, SameSegmentBias
+from posattn.position_terms.toy_neighbour_method import NeighbourBias
+from posattn.position_terms.toy_segment_method import SEGMENT, SameSegmentBias
 from reference_attention import REFERENCE_BIASES
 
 

@@ -485,6 +485,152 @@ def context_free_note(evaluations: Sequence[Dict], methods: Sequence[str]) -> Li
     return [text, ""]
 
 
+#: a plain-PyTorch mean lies within the seeds' spread of the fairseq mean when |Δ| is at most this many pooled
+#: seed standard deviations, sqrt((sd_fairseq² + sd_pytorch²) / 2)
+SPREAD_FACTOR = 2.0
+MODE_TITLES = {"nonoverlapping": "non-overlapping windows", "sliding": "sliding window of stride L/2"}
+PerplexityBySeed = Dict[Tuple[str, str, int], Dict[int, float]]
+
+
+def perplexities_by_seed(evaluations: Sequence[Dict]) -> PerplexityBySeed:
+    """``(method, mode, length) -> {seed: perplexity}`` of the evaluations that scored the split."""
+    table: PerplexityBySeed = {}
+    for e in evaluations:
+        if e["status"] == "ok":
+            table.setdefault((e["method"], e["mode"], int(e["length"])), {})[int(e["seed"])] = float(e["ppl"])
+    return table
+
+
+def within_spread(fairseq: Sequence[float], pytorch: Sequence[float]) -> Optional[bool]:
+    """Whether the two means differ by at most SPREAD_FACTOR pooled seed sds (None below two seeds each)."""
+    if min(len(fairseq), len(pytorch)) < 2:
+        return None
+    pooled = ((statistics.stdev(fairseq) ** 2 + statistics.stdev(pytorch) ** 2) / 2) ** 0.5
+    return abs(statistics.mean(pytorch) - statistics.mean(fairseq)) <= SPREAD_FACTOR * pooled
+
+
+@dataclass
+class ComparisonRow:
+    """A method's row at one mode and length: its markdown, Δ, whether Δ lies within the spread (None: too few
+    seeds)."""
+
+    method: str
+    mode: str
+    length: int
+    markdown: str
+    delta: float
+    within: Optional[bool]
+
+
+def comparison_rows(fairseq: PerplexityBySeed, pytorch: PerplexityBySeed, methods: Sequence[str], mode: str,
+                    lengths: Sequence[int]) -> List[ComparisonRow]:
+    """A table row per method and length that both recipes scored, with the seeds both finished."""
+    rows = []
+    for method in methods:
+        for length in lengths:
+            ours, theirs = pytorch.get((method, mode, length), {}), fairseq.get((method, mode, length), {})
+            seeds = sorted(set(ours) & set(theirs))
+            if not seeds:
+                continue
+            a, b = [theirs[s] for s in seeds], [ours[s] for s in seeds]
+            within = within_spread(a, b)
+            judged = "–" if within is None else "yes" if within else "**no**"
+            delta = statistics.mean(b) - statistics.mean(a)
+            text = (f"| {method} | {length} | {' '.join(map(str, seeds))} | {mean_sd(a, 1)} | {mean_sd(b, 1)} "
+                    f"| {delta:+.1f} | {judged} |")
+            rows.append(ComparisonRow(method, mode, length, text, delta, within))
+    return rows
+
+
+def pytorch_comparison(fairseq_evaluations: Sequence[Dict], lengths: Sequence[int]) -> List[str]:
+    """The plain-PyTorch recipe's perplexities (examples/pytorch) beside the fairseq runs' of the same methods,
+    seeds, modes and lengths; nothing when no plain-PyTorch run is recorded."""
+    plain = readers.pytorch_extrapolation_records(records_root())
+    if not plain:
+        return []
+    fairseq, pytorch = perplexities_by_seed(fairseq_evaluations), perplexities_by_seed(plain)
+    methods = list(dict.fromkeys(e["method"] for e in plain))
+    lines = ["### Plain PyTorch beside fairseq (examples/pytorch)", "",
+             "`examples/pytorch/extrapolation.py` trains the same model in plain PyTorch around "
+             "`posattn.SelfAttention` (fairseq's `transformer_lm` layers: post-norm, embeddings scaled by sqrt(d), "
+             "tied output, fairseq's initialisation; the same weights give both models the same logits: "
+             "tests/test_pytorch_example.py), on the same dictionary and token stream, with the same "
+             "optimiser, schedule, clipping and budget, and scores the valid split the same two ways (records in "
+             f"`examples/evidence/records/{readers.PYTORCH_EXTRAPOLATION}/`). The two recipes draw different random "
+             "numbers (initial weights, dropout masks, block order). Valid perplexity, mean ± sd over the seeds both "
+             "recipes finished; Δ = plain PyTorch − fairseq; *within the spread* when "
+             f"|Δ| ≤ {SPREAD_FACTOR:g} × the pooled seed sd, sqrt((sd_fairseq² + sd_PyTorch²) / 2).", ""]
+    rows: List[ComparisonRow] = []
+    for mode in EXTRAPOLATION_MODES:
+        mode_rows = comparison_rows(fairseq, pytorch, methods, mode, lengths)
+        rows += mode_rows
+        lines += [f"#### {MODE_TITLES[mode]}", "",
+                  "| method | L | seeds | fairseq | plain PyTorch | Δ | within the spread |",
+                  "|---|---:|---|---:|---:|---:|---|"] + [row.markdown for row in mode_rows] + [""]
+    return (lines + comparison_summary(rows, plain, methods) + seed_deltas(fairseq, pytorch, methods, lengths[0])
+            + training_loss_table(methods))
+
+
+def seed_deltas(fairseq: PerplexityBySeed, pytorch: PerplexityBySeed, methods: Sequence[str], length: int) -> List[str]:
+    """Δ seed by seed at the training length (non-overlapping windows): within a recipe a seed fixes the order of
+    the training blocks and the embedding's initial weights (the first module built) for every method, so the
+    methods' rows share their seeds' draws."""
+    parts = []
+    for method in methods:
+        ours, theirs = (table.get((method, EXTRAPOLATION_MODES[0], length), {}) for table in (pytorch, fairseq))
+        parts.append(f"{method} " + ", ".join(f"s{seed} {ours[seed] - theirs[seed]:+.1f}"
+                                              for seed in sorted(set(ours) & set(theirs))))
+    return [f"Δ seed by seed at L = {length} ({MODE_TITLES[EXTRAPOLATION_MODES[0]]}): {'; '.join(parts)}. Within "
+            "a recipe a seed fixes the order of the training blocks and the embedding's initial weights (the first "
+            "module built) for every method, so the methods' rows are not independent draws: they share their "
+            "seeds'.", ""]
+
+
+#: the logged training intervals compared (both recipes log every 100 updates; fairseq's 500th ends its second
+#: epoch's first 46 updates, the plain-PyTorch one updates 401 to 500)
+COMPARED_INTERVALS = (100, 200, 300, 400)
+
+
+def training_loss_table(methods: Sequence[str]) -> List[str]:
+    """Per method, the training loss (base 2) of the intervals ending at COMPARED_INTERVALS, mean ± sd over the
+    seeds both recipes finished, fairseq's beside the plain-PyTorch one's, from the two records' train.log."""
+    root = records_root()
+    lines = ["Training loss (base 2, dropout on) of the 100 updates before each count, mean ± sd over the same seeds, "
+             "fairseq / plain PyTorch (the records' `train.log`):", "",
+             "| method | " + " | ".join(f"updates {u - 99}-{u}" for u in COMPARED_INTERVALS) + " |",
+             "|---|" + "---:|" * len(COMPARED_INTERVALS)]
+    for method in methods:
+        runs = [(root / "extrapolation" / method / f"seed{seed}", folder)
+                for folder in sorted((root / readers.PYTORCH_EXTRAPOLATION / method).glob("seed*"))
+                for seed in [folder.name[len("seed"):]]]
+        pairs = [(readers.interval_training_losses(f / TRAIN_LOG), readers.interval_training_losses(p / TRAIN_LOG))
+                 for f, p in runs if (f / TRAIN_LOG).is_file()]
+        pairs = [(a, b) for a, b in pairs if all(u in a and u in b for u in COMPARED_INTERVALS)]
+        cells = [f"{mean_sd([a[u] for a, _ in pairs], 3)} / {mean_sd([b[u] for _, b in pairs], 3)}"
+                 for u in COMPARED_INTERVALS]
+        lines.append(f"| {method} | " + " | ".join(cells) + " |")
+    return lines + [""]
+
+
+def comparison_summary(rows: Sequence[ComparisonRow], plain: Sequence[Dict], methods: Sequence[str]) -> List[str]:
+    """How many rows lie within the spread, per method the sign of Δ, and the plain-PyTorch training time."""
+    judged = [row for row in rows if row.within is not None]
+    signs = []
+    for method in methods:
+        deltas = [row.delta for row in rows if row.method == method]
+        signs.append(f"{method} {sum(1 for d in deltas if d > 0)} of {len(deltas)}")
+    trained = [float(e["train_seconds"]) for e in plain if "train_seconds" in e]
+    beyond = [f"{row.method} at L = {row.length} ({MODE_TITLES[row.mode]})" for row in judged if not row.within]
+    why = ([f"Beyond the spread: {'; '.join(beyond)}. The two models compute the same function (the same weights "
+            "give the same logits), so such a row measures the training: the table below sets the two recipes' "
+            "training losses side by side; what differs in the training is listed in examples/pytorch/README.md "
+            "(random streams, the last shorter block, Adam's ε)."] if beyond else [])
+    return [f"**{sum(1 for row in judged if row.within)} of {len(judged)}** comparisons within the seeds' spread. "
+            f"Plain PyTorch higher (Δ > 0) in: {', '.join(signs)} rows. Plain-PyTorch training: "
+            f"{statistics.mean(trained) / 60:.1f} min per run on average (the training alone, its records' "
+            "`train_seconds`).", ""] + ([" ".join(why), ""] if why else [])
+
+
 def extrapolation_section(data: TaskData, settings: Settings, pictures: Pictures, prep: Run) -> Section:
     """The claims (a measured-only comparison is left out for a method that refuses its length), then the
     recipe's own tables and picture (examples/length_extrapolation/extrapolation.py) over every finished run."""
@@ -508,6 +654,7 @@ def extrapolation_section(data: TaskData, settings: Settings, pictures: Pictures
                     EXTRAPOLATION_STRIDE, str(path))
         lines += [pictures.link(path, "valid perplexity against evaluation length"), ""]
         lines += context_free_note(evaluations, methods)
+        lines += pytorch_comparison(evaluations, lengths)
     else:
         lines += ["*(tables and picture appear when runs have finished)*", ""]
     lines += [wall_line(data), ""] + commands(data, [prep]) + [""]

@@ -12,6 +12,7 @@ lines are read by :mod:`posattn_tools.runs`, the tools' one reader of fairseq's 
 """
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -28,6 +29,8 @@ from fairseq_posattn.data.generate_output import bleu as corpus_bleu
 from fairseq_posattn.data.significance import MetricComparison, paired_bootstrap, read_references, read_system
 from fairseq_posattn.data.tagged_corpus import read_tagged_conllu
 
+#: the records folder of the plain-PyTorch length-extrapolation runs (``<method>/seed<N>/``)
+PYTORCH_EXTRAPOLATION = "pytorch_extrapolation"
 BOOTSTRAP_SEED = 12345  # sacrebleu's default resampling seed, for the tagging bootstrap too
 
 
@@ -91,6 +94,28 @@ def extrapolation_records(record: Path) -> List[Dict]:
     ``extrapolation.py table`` writes them)."""
     with open(record / "results.json", encoding="utf-8") as f:
         return json.load(f)
+
+
+def pytorch_extrapolation_records(root: Path) -> List[Dict]:
+    """The plain-PyTorch recipe's evaluations (examples/pytorch/extrapolation.py, same fields as
+    :func:`extrapolation_records`'s), from every run's ``results.json`` under ``root/pytorch_extrapolation/``."""
+    paths = sorted((root / PYTORCH_EXTRAPOLATION).glob("*/seed*/results.json"))
+    return [entry for path in paths for entry in json.loads(path.read_text(encoding="utf-8"))]
+
+
+#: a logged training interval's loss (base 2) and the updates it ends at: fairseq-train's ``train_inner`` lines,
+#: the plain-PyTorch recipe's ``update N | loss X`` lines
+TRAIN_INTERVAL_LINES = (re.compile(r"train_inner \| .*?loss=([\d.]+), .*?num_updates=(\d+),"),
+                        re.compile(r"\| update (\d+) \| loss ([\d.]+) \|"))
+
+
+def interval_training_losses(log: Path) -> Dict[int, float]:
+    """The training loss (base 2, dropout on) of every logged interval, by the updates it ends at."""
+    text = log.read_text(encoding="utf-8")
+    fairseq_lines, pytorch_lines = TRAIN_INTERVAL_LINES
+    losses = {int(updates): float(loss) for loss, updates in fairseq_lines.findall(text)}
+    losses.update({int(updates): float(loss) for updates, loss in pytorch_lines.findall(text)})
+    return losses
 
 
 def extrapolation_metric_of(evaluation: Dict) -> str:

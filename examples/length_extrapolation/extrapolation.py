@@ -57,7 +57,7 @@ def registry_variants() -> Dict[str, List[str]]:
     logging.disable(logging.WARNING)  # fairseq's import-time notices would read as errors of this listing
     try:
         import fairseq_posattn  # noqa: F401  (registers the methods)
-        from fairseq_posattn.modules.position_terms.catalogue import all_variants, variant_flags
+        from posattn.position_terms.catalogue import all_variants, variant_flags
     finally:
         logging.disable(previous)
     return {name: variant_flags("decoder", values) for name, values in all_variants("decoder").items()}

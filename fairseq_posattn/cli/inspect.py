@@ -39,7 +39,7 @@ from torch import nn
 from fairseq_posattn.cli import reported_errors, setup_logging
 from fairseq_posattn.inspect.capture import (Inspection, Sample, add_decoder_input, dataset_sample, inspect_model,
                                              is_encoder_decoder, kinds, sentence_sample)
-from fairseq_posattn.modules.position_terms.base import SequenceTooLongError
+from posattn.position_terms.base import SequenceTooLongError
 
 logger = logging.getLogger("posattn-inspect")
 JSON_NAME = "inspection.json"

@@ -36,7 +36,7 @@ from fairseq.tasks.language_modeling import LanguageModelingTask
 from fairseq.tasks.sentence_prediction import SentencePredictionTask
 from fairseq.tasks.translation import TranslationTask
 
-from fairseq_posattn.user_errors import UserError
+from posattn.errors import UserError
 
 #: key of the fingerprint in the task's state (and so in a checkpoint's ``task_state``)
 STATE_KEY = "posattn_data_fingerprint"

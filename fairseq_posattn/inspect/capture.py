@@ -8,7 +8,7 @@
   to ``return_softmax_before_transform``: it returns the softmax S *before* the post-softmax
   transform next to the weights (:class:`~fairseq_posattn.modules.attention.AttentionWeights`).
 - **Learned position quantities** of every position term of every self-attention layer, as the
-  term returns them from ``inspect(positions)`` (:class:`~fairseq_posattn.modules.position_terms.
+  term returns them from ``inspect(positions)`` (:class:`~posattn.position_terms.
   registry.Quantity` records: named arrays with a generic layout), under the name of the term's
   registered method (a term that reads a side-wide module, e.g. T5's table, once per side); a
   post-softmax transform also shows the attention before and after it.
@@ -35,9 +35,9 @@ from torch import Tensor, nn
 
 from fairseq_posattn.models.attentive_lstm.positional_attention import PositionalAttention
 from fairseq_posattn.modules.attention import PositionAwareMultiheadAttention
-from fairseq_posattn.modules.position_terms.base import PostSoftmaxTransform
-from fairseq_posattn.modules.position_terms.quantities import MATRIX, Quantity, SideDataTrace
-from fairseq_posattn.modules.position_terms.registry import REGISTRY, PositionMethod, method_of
+from posattn.position_terms.base import PostSoftmaxTransform
+from posattn.position_terms.quantities import MATRIX, Quantity, SideDataTrace
+from posattn.position_terms.registry import REGISTRY, PositionMethod, method_of
 
 #: kinds that every model may have, whatever its position methods: (before them, after them)
 GENERIC_KINDS = (("attention",), ("lstm",))

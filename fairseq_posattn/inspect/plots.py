@@ -5,7 +5,7 @@ attention maps, ``cross``; ``{l}`` the 0-based layer):
 
 - ``attention``: ``{side}-layer{l}-attention.png``, a grid of heads, BPE pieces on both axes;
 - a registered position method (its registered name): what its terms' ``inspect`` returns, drawn by layout
-  (:mod:`fairseq_posattn.modules.position_terms.quantities`): ``{side}-layer{l}-{method}-{quantity}.png`` for a
+  (:mod:`posattn.position_terms.quantities`): ``{side}-layer{l}-{method}-{quantity}.png`` for a
   matrix (a heatmap per head: a position-position matrix, a scaling's coefficients, a transform's filters, the
   attention before and after a post-softmax transform), a curve (a line per head over ``i - j``) or a table
   (e.g. key and value embeddings per clipped distance), and ``{side}-{method}-per-head.png`` for the per-head
@@ -37,8 +37,8 @@ from matplotlib.axis import Axis  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
 from fairseq_posattn.inspect.capture import AttentionMap, Inspection, TermQuantities  # noqa: E402
-from fairseq_posattn.modules.position_terms.quantities import BARS, CURVE, MATRIX, TABLE, Quantity  # noqa: E402
-from fairseq_posattn.modules.position_terms.registry import REGISTRY  # noqa: E402
+from posattn.position_terms.quantities import BARS, CURVE, MATRIX, TABLE, Quantity  # noqa: E402
+from posattn.position_terms.registry import REGISTRY  # noqa: E402
 
 FONT_SIZE = 8
 MAX_TICKS = 40

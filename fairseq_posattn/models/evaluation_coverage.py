@@ -24,7 +24,7 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from fairseq_posattn.user_errors import UserError
+from posattn.errors import UserError
 
 #: the flag fairseq-eval-lm takes to raise a checkpoint's position limit
 OVERRIDE = "--model-overrides \"{{'max_target_positions': {length}}}\""

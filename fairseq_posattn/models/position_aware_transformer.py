@@ -3,7 +3,7 @@
 A side whose options ask for nothing builds fairseq's own layers and runs fairseq's own forward.
 Otherwise it builds :mod:`~fairseq_posattn.modules.transformer_layer`'s layers and runs its own
 loop over them: the embedding and layer steps are fairseq's, and the batch's
-:class:`~fairseq_posattn.modules.position_context.PositionContext` is built once and passed to
+:class:`~posattn.position_context.PositionContext` is built once and passed to
 every layer call as an argument (never stored on a module), so activation checkpointing, FSDP and
 ``torch.compile`` see it on every (re-)entry.
 What a side does with its position options (the length check, the context, the record, the shared modules,
@@ -16,10 +16,10 @@ import torch
 from fairseq.models.transformer import TransformerDecoderBase, TransformerEncoderBase
 from torch import Tensor, nn
 
-from fairseq_posattn.models.position_options import SidePositionOptions
+from posattn.position_options import SidePositionOptions
 from fairseq_posattn.models.position_side import PositionSide, PositionSideOwner
-from fairseq_posattn.modules.position_context import PositionContext, SequenceTables
-from fairseq_posattn.modules.position_terms.side_inputs import InputPositionEmbedding
+from posattn.position_context import PositionContext, SequenceTables
+from posattn.position_terms.side_inputs import InputPositionEmbedding
 from fairseq_posattn.modules.transformer_layer import (
     PositionAwareDecoderLayer,
     PositionAwareEncoderLayer,

@@ -30,8 +30,8 @@ import torch
 from omegaconf import OmegaConf
 from torch import nn
 
-from fairseq_posattn.models.position_options import PositionOptionError, side_defaults
-from fairseq_posattn.modules.position_terms.registry import SIDES
+from posattn.position_options import PositionOptionError, side_defaults
+from posattn.position_terms.registry import SIDES
 
 #: options that do not change the function a trained model computes: the attention kernel and its self-check,
 #: the reset itself, activation checkpointing and FSDP wrapping, ONNX export and the TPU switch

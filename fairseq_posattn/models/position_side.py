@@ -3,9 +3,9 @@ tagger share.
 
 A side (encoder, decoder, tagger) whose options ask for position terms does the same things with them: it
 checks each batch's length against the positions its terms were built for, unpacks the side data its methods
-read from the batch (:class:`~fairseq_posattn.modules.position_terms.side_inputs.BatchSideData`, collated by
+read from the batch (:class:`~posattn.position_terms.side_inputs.BatchSideData`, collated by
 the task under their ``net_input`` keys), builds the batch's
-:class:`~fairseq_posattn.modules.position_context.PositionContext` (the only place a model builds one),
+:class:`~posattn.position_context.PositionContext` (the only place a model builds one),
 records the options that make its function in its weights (:class:`PositionOptionsRecord`), owns the modules
 its layers' terms share and the input position embedding a method gives it, upgrades older weights of them,
 and wraps its layers for activation checkpointing and FSDP exactly as fairseq wraps its own.
@@ -24,12 +24,12 @@ from fairseq.distributed import fsdp_wrap
 from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 from torch import Tensor, nn
 
-from fairseq_posattn.models.position_options import SidePositionOptions
+from posattn.position_options import SidePositionOptions
 from fairseq_posattn.models.position_record import PositionOptionsRecord
-from fairseq_posattn.modules.position_context import PositionContext, SequenceTables
-from fairseq_posattn.modules.position_terms.base import PositionTerm
-from fairseq_posattn.modules.position_terms.side_inputs import InputPositionEmbedding
-from fairseq_posattn.user_errors import UserError
+from posattn.position_context import PositionContext, SequenceTables
+from posattn.position_terms.base import PositionTerm
+from posattn.position_terms.side_inputs import InputPositionEmbedding
+from posattn.errors import UserError
 
 #: what a side's tokens are, as side data errors name them
 BATCH_NAMES = {"encoder": "source batch", "decoder": "target batch"}

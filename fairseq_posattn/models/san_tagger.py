@@ -23,12 +23,8 @@ from fairseq.modules import FairseqDropout, LayerNorm
 from torch import Tensor, nn
 
 from fairseq_posattn.models.hub_loading import PosattnHubMixin
-from fairseq_posattn.models.position_options import (
-    PositionOptionError,
-    SidePositionOptions,
-    add_position_args,
-    set_position_defaults,
-)
+from fairseq_posattn.models.position_options import add_position_args, set_position_defaults
+from posattn.position_options import PositionOptionError, SidePositionOptions
 from fairseq_posattn.models.position_side import (
     PositionSide,
     PositionSideOwner,
@@ -36,7 +32,7 @@ from fairseq_posattn.models.position_side import (
     set_layer_wrapping_defaults,
 )
 from fairseq_posattn.modules.char_cnn import CharCNNWordEncoder
-from fairseq_posattn.modules.position_context import PositionContext
+from posattn.position_context import PositionContext
 from fairseq_posattn.modules.transformer_layer import PositionAwareEncoderLayer
 
 POSITION_EMBEDDING_CHOICES = ["none", "add", "concat"]

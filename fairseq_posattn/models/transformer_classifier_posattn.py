@@ -37,13 +37,10 @@ from torch import Tensor, nn
 
 from fairseq_posattn.models.hub_loading import PosattnHubMixin
 from fairseq_posattn.models.position_aware_transformer import PositionAwareTransformerEncoder
-from fairseq_posattn.models.position_options import (
-    SidePositionOptions,
-    add_position_args,
-    set_position_defaults,
-)
+from fairseq_posattn.models.position_options import add_position_args, set_position_defaults
+from posattn.position_options import SidePositionOptions
 from fairseq_posattn.models.position_side import add_layer_wrapping_args, set_layer_wrapping_defaults
-from fairseq_posattn.user_errors import UserError
+from posattn.errors import UserError
 
 POOLING_CHOICES = ["mean", "first"]
 DEFAULT_MAX_POSITIONS = 512  # the task's --max-positions default

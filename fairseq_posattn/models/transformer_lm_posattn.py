@@ -24,14 +24,10 @@ from fairseq.models.transformer_lm import (
 from fairseq_posattn.models.evaluation_coverage import score_every_block
 from fairseq_posattn.models.hub_loading import PosattnHubMixin
 from fairseq_posattn.models.position_aware_transformer import PositionAwareTransformerDecoder
-from fairseq_posattn.models.position_options import (
-    DecoderPositionConfig,
-    PositionOptionError,
-    SidePositionOptions,
-    set_position_defaults,
-)
+from fairseq_posattn.models.position_options import DecoderPositionConfig, set_position_defaults
+from posattn.position_options import PositionOptionError, SidePositionOptions
 from fairseq_posattn.models.position_side import set_layer_wrapping_defaults
-from fairseq_posattn.modules.position_terms.base import check_loaded_positions
+from posattn.position_terms.base import check_loaded_positions
 
 MAX_POSITIONS_OPTION = "--max-target-positions (default: --tokens-per-sample)"
 

@@ -23,11 +23,8 @@ from fairseq_posattn.models.position_aware_transformer import (
     PositionAwareTransformerDecoder,
     PositionAwareTransformerEncoder,
 )
-from fairseq_posattn.models.position_options import (
-    SidePositionOptions,
-    add_position_args,
-    set_position_defaults,
-)
+from fairseq_posattn.models.position_options import add_position_args, set_position_defaults
+from posattn.position_options import SidePositionOptions
 
 
 def encoder_position_options(cfg: Any) -> SidePositionOptions:

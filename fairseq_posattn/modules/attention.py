@@ -1,139 +1,33 @@
-"""The attention kernel: fairseq's multi-head self-attention with pluggable position terms.
+"""fairseq's multi-head self-attention with the library's position kernel (:mod:`posattn.attention`).
 
-Order of operations for one head (docs/methods.md, Order of operations in one head):
-
-1. ``q, k, v`` projections (their weights rescaled by a projection scaling); ``q`` scaled by 1/sqrt(d_h);
-   the query/key transforms of the current tokens' queries and keys;
-2. content logits ``q k^T`` plus the key/value augmentations' key term ``q_i . a^K_ij``;
-3. logit scaling: an elementwise rescaling of the content logits;
-4. additive biases of the query and key positions, then the token-difference biases ``c_i - c_j`` of
-   values computed from the layer's input;
-5. masks: ``attn_mask`` (causal) and key padding, as -inf *after* the steps above; then a row-dependent bias,
-   computed from each query's masked row of logits;
-6. softmax; post-softmax transform of the attention matrix, which re-masks;
-7. dropout; ``probs v`` plus the augmentations' value term ``sum_j alpha_ij a^V_ij``; output projection.
-
-**Kernel paths.** Each term declares its forms (:mod:`~fairseq_posattn.modules.position_terms.base`):
-the explicit one of its kind, and a pointwise ``score_mod`` where it is a function of the logit and
-of tensors prepared once per batch. Each call takes the path its terms allow (:meth:`path`):
-
-- ``sdpa``: ``F.scaled_dot_product_attention`` with the biases and masks folded into one float mask,
-  when only projection scalings, query/key transforms and additive biases are on;
-- ``flex_attention``: on CUDA, when every term that changes a logit has a ``score_mod`` form and at
-  least one of them learns or rescales (compiled ``flex_attention``, a block mask for padding and
-  causality prepared once per batch; no (length x length) tensor is kept for the backward pass);
-- ``explicit``: steps 2-7 written out, when a term needs the attention matrix (a post-softmax transform, a
-  key/value augmentation's value term, a row-dependent bias) or the call asks for the weights.
-
-``--{side}-attention-kernel explicit`` forces the explicit path (reference, inspection); ``flex``
-forces flex_attention where the terms allow it (on the CPU its eager, unfused implementation: for
-checks, and for no-grad scoring). Every path computes the same function (tested). A decoding step
-(one query) and a training step with attention dropout take the explicit or SDPA path: flex_attention
-has no dropout.
-
-The module subclasses fairseq's :class:`~fairseq.modules.MultiheadAttention`, so its projection
-parameters have fairseq's names, and reuses fairseq's incremental-state buffer and reordering.
+:class:`PositionAwareMultiheadAttention` subclasses the kernel and fairseq's
+:class:`~fairseq.modules.MultiheadAttention`: its projection parameters have fairseq's names, it keeps the
+kernel's decoding state in fairseq's incremental-state buffer (so fairseq's reordering for beam search reorders
+it) and it returns weights in fairseq's layout. What it computes is the kernel's (the order of operations, the
+paths, the self-check: :mod:`posattn.attention`).
 
 **The position context travels with the call.** fairseq's layers hand their self-attention padding
 mask to ``self_attn(..., key_padding_mask=...)`` untouched. Our layers put the batch's whole
-:class:`~fairseq_posattn.modules.position_context.PositionContext` (which holds that padding mask)
+:class:`~posattn.position_context.PositionContext` (which holds that padding mask)
 in that argument, so every call, including activation checkpointing's recomputation in the
 backward pass and a compiled graph, receives exactly the geometry of its batch, without
 re-implementing fairseq's layers and without any per-batch state on a module. Called without a
 context, the module raises.
 
-Precision: the softmax, and every term's sensitive part, run in fp32 and are cast back to the
-model's dtype (``--fp16`` / ``--bf16``), as fairseq's own attention does for its softmax.
-
 **Intermediates are returned, not kept.** An inspection call (``posattn-inspect``) passes
 ``return_softmax_before_transform=True``: it takes the explicit path, and the weights it gets back
 are an :class:`AttentionWeights`, the final weights together with the softmax S before the
-post-softmax transform (``A' = transform(S)``). The module keeps nothing of a call.
+post-softmax transform (``A' = transform(S)``).
 """
 
-import logging
-from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Dict, NamedTuple, Optional, Tuple, Union
 
-import torch
 import torch.nn.functional as F
 from fairseq.modules import MultiheadAttention
-from torch import Tensor, nn
+from torch import Tensor
 
-from fairseq_posattn.modules.kernel_self_check import fused_path_agrees
-from fairseq_posattn.modules.position_context import BlockedEntries, PositionContext, Preparation
-from fairseq_posattn.modules.position_terms.base import (
-    AdditiveLogitBias,
-    KeyValueAugmentation,
-    LogitScaling,
-    PositionTerm,
-    PostSoftmaxTransform,
-    ProjectionScaling,
-    QueryKeyTransform,
-    RowDependentBias,
-    ScoreMod,
-    TokenDifferenceBias,
-    at_least_fp32,
-    same_dtype,
-)
-
-try:  # PyTorch >= 2.5
-    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
-except ImportError:  # pragma: no cover - older torch: the kernel never takes the flex path
-    create_block_mask = flex_attention = None
-try:  # PyTorch >= 2.3
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-except ImportError:  # pragma: no cover - older torch: SDPA chooses its backend itself
-    SDPBackend = sdpa_kernel = None
-
-logger = logging.getLogger(__name__)
-
-EXPLICIT, SDPA, FLEX = "explicit", "sdpa", "flex_attention"
-#: ``--{side}-attention-kernel`` values
-KERNEL_CHOICES = ("auto", "explicit", "flex")
-
-
-@dataclass
-class PositionTerms:
-    """The position terms of one attention module, grouped by kind."""
-
-    query_key: List[QueryKeyTransform] = field(default_factory=list)
-    additive: List[AdditiveLogitBias] = field(default_factory=list)
-    scaling: Optional[LogitScaling] = None
-    key_value: List[KeyValueAugmentation] = field(default_factory=list)
-    post_softmax: Optional[PostSoftmaxTransform] = None
-    projection: Optional[ProjectionScaling] = None
-    token_difference: List[TokenDifferenceBias] = field(default_factory=list)
-    row_dependent: Optional[RowDependentBias] = None
-    #: ``--{side}-attention-kernel``, ``--{side}-attention-self-check`` and the layer's name in the log
-    #: ("encoder self-attention, layer 0")
-    kernel: str = "auto"
-    self_check: str = "warn"
-    where: str = "self-attention"
-
-    def add(self, term: nn.Module) -> None:
-        """File ``term`` under its kind (at most one logit scaling, post-softmax transform, projection scaling
-        and row-dependent bias)."""
-        for kind, listed in ((QueryKeyTransform, self.query_key), (AdditiveLogitBias, self.additive),
-                             (KeyValueAugmentation, self.key_value), (TokenDifferenceBias, self.token_difference)):
-            if isinstance(term, kind):
-                listed.append(term)
-                return
-        for kind, name in ((LogitScaling, "scaling"), (PostSoftmaxTransform, "post_softmax"),
-                           (ProjectionScaling, "projection"), (RowDependentBias, "row_dependent")):
-            if isinstance(term, kind):
-                if getattr(self, name) is not None:
-                    raise ValueError(f"two {name} terms in one layer: {getattr(self, name)} and {term}")
-                setattr(self, name, term)
-                return
-        raise TypeError(f"{type(term).__name__} is of no kind of position term (see position_terms.base)")
-
-    def is_empty(self) -> bool:
-        return not (
-            self.query_key or self.additive or self.key_value or self.token_difference
-            or self.scaling is not None or self.post_softmax is not None or self.projection is not None
-            or self.row_dependent is not None
-        )
+from posattn.attention import PositionKernel, PositionTerms
+from posattn.position_context import PositionContext
 
 
 class AttentionWeights(NamedTuple):
@@ -146,13 +40,8 @@ class AttentionWeights(NamedTuple):
     softmax: Tensor
 
 
-def learns(term: PositionTerm) -> bool:
-    """``term`` has learned parameters: its own or those of the side-wide modules it reads."""
-    return any(True for module in (term, *term.side_modules()) for _ in module.parameters())
-
-
-class PositionAwareMultiheadAttention(MultiheadAttention):
-    """Self-attention with position terms; see the module docstring for the computation."""
+class PositionAwareMultiheadAttention(PositionKernel, MultiheadAttention):
+    """fairseq's self-attention call on the position kernel; see the module docstring."""
 
     def __init__(
         self,
@@ -163,25 +52,11 @@ class PositionAwareMultiheadAttention(MultiheadAttention):
         q_noise: float = 0.0,
         qn_block_size: int = 8,
     ):
-        super().__init__(
-            embed_dim, num_heads, dropout=dropout, self_attention=True,
+        MultiheadAttention.__init__(
+            self, embed_dim, num_heads, dropout=dropout, self_attention=True,
             q_noise=q_noise, qn_block_size=qn_block_size,
         )
-        self.query_key_terms = nn.ModuleList(terms.query_key)
-        self.additive_terms = nn.ModuleList(terms.additive)
-        self.scaling_term = terms.scaling
-        self.key_value_terms = nn.ModuleList(terms.key_value)
-        self.post_softmax_term = terms.post_softmax
-        self.projection_term = terms.projection
-        self.token_difference_terms = nn.ModuleList(terms.token_difference)
-        self.row_term = terms.row_dependent
-        self.kernel, self.self_check, self.where = terms.kernel, terms.self_check, terms.where
-        #: what the path depends on besides the call: the terms rescale the logits; an additive one learns
-        self.rescales = self.scaling_term is not None or len(self.key_value_terms) > 0
-        self.learned_bias = any(learns(term) for term in (*self.additive_terms, *self.token_difference_terms))
-        self.pointwise = self.fusable()
-        self._logged_paths: set = set()
-        self._configuration: Optional[Tuple[str, ...]] = None
+        self.hold_terms(terms)
 
     #: names of the term modules in checkpoints of earlier versions -> today's: each key is an old checkpoint's
     #: module name, as it was saved (0.2.0 saved the projection scaling under the name of its method)
@@ -194,14 +69,11 @@ class PositionAwareMultiheadAttention(MultiheadAttention):
         for old, new in self.LEGACY_MODULE_NAMES.items():
             for key in [key for key in state_dict if key.startswith(f"{prefix}{old}.")]:
                 state_dict[f"{prefix}{new}.{key[len(prefix) + len(old) + 1:]}"] = state_dict.pop(key)
-        super().upgrade_state_dict_named(state_dict, name)
+        MultiheadAttention.upgrade_state_dict_named(self, state_dict, name)
 
-    # ----------------------------------------------------------------- projections
     def _project(self, x: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
         """``(tgt_len, batch, E)`` -> q (scaled), k, v of shape ``(batch, heads, tgt_len, d_h)``."""
-        q_w, k_w, v_w = self.q_proj.weight, self.k_proj.weight, self.v_proj.weight
-        if self.projection_term is not None:
-            q_w, k_w, v_w = self.projection_term.scale_weights(q_w, k_w, v_w)
+        q_w, k_w, v_w = self.scale_projections(self.q_proj.weight, self.k_proj.weight, self.v_proj.weight)
         tgt_len, bsz, _ = x.shape
 
         def split(t: Tensor) -> Tensor:
@@ -210,95 +82,6 @@ class PositionAwareMultiheadAttention(MultiheadAttention):
         q = F.linear(x, q_w, self.q_proj.bias) * self.scaling
         return split(q), split(F.linear(x, k_w, self.k_proj.bias)), split(F.linear(x, v_w, self.v_proj.bias))
 
-    # ----------------------------------------------------------------- kernel paths
-    def score_terms(self) -> List[PositionTerm]:
-        """The terms that change the logits, in the order of docs/methods.md (keys, scaling, biases)."""
-        scaling = [self.scaling_term] if self.scaling_term is not None else []
-        row = [self.row_term] if self.row_term is not None else []
-        return [*self.key_value_terms, *scaling, *self.additive_terms, *self.token_difference_terms, *row]
-
-    def all_terms(self) -> List[PositionTerm]:
-        """Every term of the layer, of every kind, in the kernel's order."""
-        single = [self.projection_term, *self.query_key_terms, *self.score_terms(), self.post_softmax_term]
-        return [term for term in single if term is not None]
-
-    def needs_matrix(self) -> bool:
-        """A term needs the attention matrix itself: a post-softmax transform, a value term or a row-dependent
-        bias."""
-        return (self.post_softmax_term is not None or self.row_term is not None
-                or any(term.values for term in self.key_value_terms))
-
-    def fusable(self) -> bool:
-        """Every term of the layer has a pointwise form (``flex`` is allowed)."""
-        return not self.needs_matrix() and all(term.has_score_mod() for term in self.score_terms())
-
-    def token_values(self, x: Tensor, ctx: PositionContext,
-                     earlier: Optional[Sequence[Optional[Tensor]]] = None) -> List[Tensor]:
-        """The values of each token-difference term for the layer input ``x`` ``(tgt_len, batch, embed_dim)``
-        of the current tokens, after the ``earlier`` tokens' (one per term, cached by incremental decoding;
-        None: a full pass)."""
-        earlier = [None] * len(self.token_difference_terms) if earlier is None else earlier
-        return [term.token_values(x, ctx, cached) for term, cached in self.with_values(earlier)]
-
-    def with_values(self, values: Sequence[Any]) -> Iterator[Tuple[TokenDifferenceBias, Any]]:
-        """The token-difference terms paired with ``values``, one each (a missing one would drop a bias)."""
-        if len(values) != len(self.token_difference_terms):
-            raise ValueError(f"{self.where}: {len(values)} sets of token values for "
-                             f"{len(self.token_difference_terms)} token-difference terms")
-        return zip(self.token_difference_terms, values)
-
-    def biases(self, ctx: PositionContext, values: Sequence[Tensor], tgt_len: int, src_len: int) -> Iterator[Tensor]:
-        """Step 4's dense biases, in order: each additive term's, then each token-difference term's of its
-        ``values``; each broadcastable to ``(batch, heads, tgt_len, src_len)``."""
-        for term in self.additive_terms:
-            yield term.bias(ctx, tgt_len, src_len)
-        for term, token_values in self.with_values(values):
-            yield term.bias_of(token_values, tgt_len)
-
-    def path(self, need_weights: bool, device: torch.device, decoding: bool) -> Tuple[str, str]:
-        """The path of one call and why, derived from what the terms declare (module docstring)."""
-        if need_weights:
-            return EXPLICIT, "the attention weights were asked for"
-        if self.kernel == "explicit":
-            return EXPLICIT, "--attention-kernel explicit"
-        if self.needs_matrix():
-            return EXPLICIT, ("a term needs the attention matrix (a post-softmax transform, a value term or a "
-                              "row-dependent bias)")
-        possible = (flex_attention is not None and self.pointwise and not decoding
-                    and not (self.training and self.dropout_module.p > 0)
-                    and (device.type == "cuda" or not torch.is_grad_enabled()))  # no backward on the CPU
-        if possible and (self.kernel == "flex" or (device.type == "cuda" and (self.rescales or self.learned_bias))):
-            return FLEX, "every term has a score_mod form"
-        if not self.rescales:
-            return SDPA, "query/key transforms and additive biases only"
-        return EXPLICIT, "a term rescales the logits and flex_attention is not used here"
-
-    def configuration(self) -> Tuple[str, ...]:
-        """What the kernels see of this layer besides dtype, device and the batch: its sizes and its terms
-        with theirs (the self-check's key: layers of one configuration share one check)."""
-        if self._configuration is None:
-            self._configuration = (f"{self.num_heads} x {self.head_dim}",
-                                   *(repr(term) for term in self.score_terms()))
-        return self._configuration
-
-    def learned_position_parameters(self) -> List[Tuple[str, nn.Parameter]]:
-        """The learned parameters the logit-changing terms read (their own and their side-wide modules'),
-        named ``<term class>.<parameter>``, each once."""
-        named: Dict[int, Tuple[str, nn.Parameter]] = {}
-        for term in self.score_terms():
-            for module in (term, *term.side_modules()):
-                for name, parameter in module.named_parameters():
-                    if parameter.requires_grad:
-                        named.setdefault(id(parameter), (f"{type(module).__name__}.{name}", parameter))
-        return list(named.values())
-
-    def _log_path(self, path: str, reason: str) -> None:
-        """Say once per layer and path which path it takes (not from a compiled graph: eager calls say it)."""
-        if not torch.compiler.is_compiling() and path not in self._logged_paths:
-            self._logged_paths.add(path)
-            logger.info("%s: %s kernel (%s)", self.where, path, reason)
-
-    # ----------------------------------------------------------------- forward
     def forward(
         self,
         query: Tensor,
@@ -323,152 +106,19 @@ class PositionAwareMultiheadAttention(MultiheadAttention):
         ctx = require_context(key_padding_mask)
         need_weights = need_weights or need_head_weights or return_softmax_before_transform
         tgt_len, bsz, _ = query.shape
-        check_causality(ctx, attn_mask, tgt_len)
-        q, k, v = self._project(query)
-        for term in self.query_key_terms:  # the current tokens', before the cache
-            q, k = term(q, k, ctx)
-
         saved_state = self._get_input_buffer(incremental_state) if incremental_state is not None else None
-        history: Optional[Tensor] = None
-        earlier: List[Optional[Tensor]] = [None] * len(self.token_difference_terms)
-        if saved_state is not None and "prev_key" in saved_state:
-            k = torch.cat([saved_state["prev_key"], k], dim=2)
-            v = torch.cat([saved_state["prev_value"], v], dim=2)
-            history = saved_state.get("prev_attn_rows")
-            earlier = [saved_state.get(token_values_key(i)) for i in range(len(earlier))]
-        values = self.token_values(query, ctx, earlier)
-
-        path, reason = self.path(need_weights, q.device, decoding=saved_state is not None)
-        if path != EXPLICIT and not fused_path_agrees(self, path, ctx, q.dtype):
-            path, reason = EXPLICIT, f"the {path} kernel failed its self-check here"
-        self._log_path(path, reason)
-        softmax: Optional[Tensor] = None
-        probs: Optional[Tensor] = None
-        rows: Optional[Tensor] = None
-        if path == EXPLICIT:
-            out, softmax, probs, rows = self._attend_explicitly(q, k, v, ctx, attn_mask, history, values)
-        elif path == FLEX:
-            out = self._attend_flex(q, k, v, ctx, values)
-        else:
-            out = self._attend_fused(q, k, v, ctx, attn_mask, values)
-
+        q, k, v = self._project(query)
+        out, softmax, probs = self.attend(q, k, v, ctx, attn_mask, saved_state, query, need_weights)
         if saved_state is not None:
-            saved_state["prev_key"] = k
-            saved_state["prev_value"] = v
-            if rows is not None:
-                saved_state["prev_attn_rows"] = rows
-            for i, token_values in enumerate(values):
-                saved_state[token_values_key(i)] = token_values
             self._set_input_buffer(incremental_state, saved_state)
 
-        out = out.permute(2, 0, 1, 3).reshape(tgt_len, bsz, self.embed_dim)
-        out = self.out_proj(out)
+        out = self.out_proj(out.permute(2, 0, 1, 3).reshape(tgt_len, bsz, self.embed_dim))
         if not need_weights or probs is None:
             return out, None
         weights = fairseq_layout(probs, need_head_weights)
         if return_softmax_before_transform:
             return out, AttentionWeights(weights, fairseq_layout(softmax, need_head_weights))
         return out, weights
-
-    #: the path every fused path is checked against (kernel_self_check)
-    reference_path = EXPLICIT
-
-    def path_output(self, path: str, q: Tensor, k: Tensor, v: Tensor, ctx: PositionContext,
-                    attn_mask: Optional[Tensor], x: Optional[Tensor]) -> Tensor:
-        """The ``(batch, heads, tgt_len, head_dim)`` output of ``path`` without dropout (the self-check's
-        comparison; ``q`` scaled and transformed, ``k`` and ``v`` of every key, ``x`` the layer input
-        ``(tgt_len, batch, embed_dim)`` that the token-difference terms read, None for a layer without them)."""
-        values = [] if x is None else self.token_values(x, ctx)
-        if path == EXPLICIT:
-            return self._attend_explicitly(q, k, v, ctx, attn_mask, None, values, dropout=False)[0]
-        if path == FLEX:
-            return self._attend_flex(q, k, v, ctx, values)
-        return self._attend_fused(q, k, v, ctx, attn_mask, values, dropout=False)
-
-    def _attend_fused(
-        self, q: Tensor, k: Tensor, v: Tensor, ctx: PositionContext, attn_mask: Optional[Tensor],
-        values: Sequence[Tensor], dropout: bool = True,
-    ) -> Tensor:
-        tgt_len, src_len = q.size(2), k.size(2)
-        mask = ctx.key_padding_bias(q.dtype)  # shared by the layers: never changed in place
-        for bias in self.biases(ctx, values, tgt_len, src_len):
-            mask = mask + same_dtype(bias, q.dtype)
-        if attn_mask is not None:
-            mask = mask + same_dtype(attn_mask, q.dtype)
-        dropout_p = self.dropout_module.p if self.training and dropout else 0.0
-        return masked_sdpa(q, k, v, mask, dropout_p)
-
-    def score_mod(self, ctx: PositionContext, q: Tensor, src_len: int, values: Sequence[Tensor]) -> ScoreMod:
-        """The layer's terms composed into one ``score_mod``, in the kernel's order (``values``: those of the
-        token-difference terms)."""
-        mods = [term.score_mod(ctx, q, src_len) for term in self.score_terms()
-                if not isinstance(term, TokenDifferenceBias)]
-        mods += [term.score_mod_of(token_values, q.size(2))
-                 for term, token_values in self.with_values(values)]
-        if any(mod is None for mod in mods):
-            raise ValueError(f"{self.where}: a term has no score_mod form: {self.score_terms()}")
-        return compose(mods)
-
-    def _attend_flex(self, q: Tensor, k: Tensor, v: Tensor, ctx: PositionContext, values: Sequence[Tensor]) -> Tensor:
-        """flex_attention on queries and keys padded to a multiple of :data:`FLEX_BLOCK` (the padded
-        keys are masked, the padded query rows dropped; the terms read their tables at clamped
-        indices, so that no index leaves them)."""
-        tgt_len, src_len = q.size(2), k.size(2)
-        block_mask = ctx.prepared(FlexBlockMask(tgt_len, src_len))
-        score_mod = within(self.score_mod(ctx, q, src_len, values), tgt_len, src_len)
-        q, k, v = (pad_to_block(t) for t in (q, k, v))
-        out = flex_kernel(q.device)(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=1.0)
-        return out[:, :, :tgt_len]
-
-    def explicit_logits(self, q: Tensor, k: Tensor, ctx: PositionContext, attn_mask: Optional[Tensor],
-                        values: Sequence[Tensor]) -> Tensor:
-        """Steps 2-5 written out: ``(batch, heads, tgt_len, src_len)`` logits, -inf where masked."""
-        tgt_len, src_len = q.size(2), k.size(2)
-        # the logits are a fresh tensor (as is the scaling term's result, in fp32) that no backward
-        # pass needs: the terms and masks go in place, without another (tgt_len x src_len) tensor
-        logits = torch.matmul(q, k.transpose(-1, -2))
-        for term in self.key_value_terms:
-            logits.add_(term.key_logits(q, ctx, tgt_len, src_len))
-        if self.scaling_term is not None:
-            logits = self.scaling_term(logits, ctx)
-        for bias in self.biases(ctx, values, tgt_len, src_len):
-            logits.add_(same_dtype(bias, logits.dtype))
-        if attn_mask is not None:
-            logits.add_(same_dtype(attn_mask, logits.dtype))
-        logits.masked_fill_(ctx.key_padding_4d(), float("-inf"))
-        if self.row_term is None:
-            return logits
-        return logits + same_dtype(self.row_term(logits, q, ctx), logits.dtype)  # -inf stays -inf
-
-    def _attend_explicitly(
-        self, q: Tensor, k: Tensor, v: Tensor, ctx: PositionContext,
-        attn_mask: Optional[Tensor], history: Optional[Tensor], values: Sequence[Tensor], dropout: bool = True,
-    ) -> Tuple[Tensor, Tensor, Tensor, Optional[Tensor]]:
-        """Steps 2-7: the output, the softmax S, the weights that multiply V (S after the post-softmax
-        transform; S itself without one) and the rows to cache for the transform's next step."""
-        tgt_len, src_len = q.size(2), k.size(2)
-        logits = self.explicit_logits(q, k, ctx, attn_mask, values)
-        softmax = same_dtype(torch.softmax(logits, dim=-1, dtype=at_least_fp32(logits.dtype)), v.dtype)  # as fairseq
-
-        probs, rows = softmax, None
-        if self.post_softmax_term is not None:
-            # the softmax gave blocked keys zero weight already; padded query rows get zeros too
-            probs = softmax.masked_fill(ctx.query_padding_mask(tgt_len)[:, None, :, None], 0.0)
-            blocked = ctx.prepared(BlockedEntries(tgt_len, src_len))
-            probs, rows = self.post_softmax_term(probs, blocked, ctx, history)
-
-        dropped = self.dropout_module(probs) if dropout else probs
-        out = torch.matmul(dropped, v)
-        for term in self.key_value_terms:
-            if term.values:
-                out.add_(term.value_output(dropped, ctx))
-        return out, softmax, probs, rows
-
-
-def token_values_key(index: int) -> str:
-    """The incremental-state key of the values of the layer's ``index``-th token-difference term (batch first,
-    so that fairseq's reordering for beam search reorders them with the keys)."""
-    return f"prev_token_values_{index}"
 
 
 def fairseq_layout(probs: Tensor, per_head: bool) -> Tensor:
@@ -486,103 +136,3 @@ def require_context(key_padding_mask: Optional[PositionContext]) -> PositionCont
             f"argument, got {type(key_padding_mask).__name__}: call it through a position-aware "
             "layer and side (they build the context once per batch and pass it on every call)")
     return key_padding_mask
-
-
-def check_causality(ctx: PositionContext, attn_mask: Optional[Tensor], tgt_len: int) -> None:
-    """The kernel takes a side's causality from its context (the blocked entries, flex_attention's
-    block mask); fairseq's layers hand the causal side's ``attn_mask`` too. Refuse a call where the
-    two disagree (a causal mask on a bidirectional context, or a causal context's full pass without
-    its mask), which would otherwise mask differently on different kernel paths."""
-    if attn_mask is not None and not ctx.causal:
-        raise ValueError("an attn_mask was given with a bidirectional PositionContext: build the context "
-                         "of a causal side with causal=True")
-    if attn_mask is None and ctx.causal and tgt_len > 1:
-        raise ValueError("a causal PositionContext's full pass needs the side's causal attn_mask")
-
-
-def compose(mods: Sequence[ScoreMod]) -> ScoreMod:
-    """One ``score_mod`` applying ``mods`` in order."""
-    def composed(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-        for mod in mods:
-            score = mod(score, b, h, q_idx, kv_idx)
-        return score
-    return composed
-
-
-#: flex_attention's lengths are padded to a multiple of its block size: its backward with a block mask
-#: and a score_mod gave NaN at other lengths (pytorch#153799), and translation batches, whose lengths
-#: change from batch to batch, then compile for a few lengths only
-FLEX_BLOCK = 128
-
-
-def padded_length(length: int) -> int:
-    """``length`` rounded up to a multiple of :data:`FLEX_BLOCK`."""
-    return -(-length // FLEX_BLOCK) * FLEX_BLOCK
-
-
-def pad_to_block(t: Tensor) -> Tensor:
-    """``(batch, heads, length, head_dim)`` zero-padded to :func:`padded_length` along the length."""
-    extra = padded_length(t.size(2)) - t.size(2)
-    return F.pad(t, (0, 0, 0, extra)) if extra else t
-
-
-def within(score_mod: ScoreMod, tgt_len: int, src_len: int) -> ScoreMod:
-    """``score_mod`` read at query and key indices clamped to the ``tgt_len`` x ``src_len`` real ones:
-    flex_attention evaluates it on the padded block too (where the block mask then hides it)."""
-    last_query, last_key = tgt_len - 1, src_len - 1
-
-    def clamped(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-        return score_mod(score, b, h, torch.clamp(q_idx, max=last_query), torch.clamp(kv_idx, max=last_key))
-    return clamped
-
-
-@dataclass(frozen=True)
-class FlexBlockMask(Preparation):
-    """flex_attention's block mask of the batch, over the lengths padded to :data:`FLEX_BLOCK`: a query
-    sees the keys that are real (not pads, not padding of the block) and, on a causal side, not after
-    it (the last ``tgt_len`` of ``src_len`` tokens)."""
-
-    tgt_len: int
-    src_len: int
-
-    def build(self, ctx: PositionContext) -> Any:
-        padding, causal, offset = ctx.padding_mask[:, : self.src_len], ctx.causal, self.src_len - self.tgt_len
-        last_key = self.src_len - 1
-
-        def visible(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-            seen = (kv_idx <= last_key) & ~padding[b, torch.clamp(kv_idx, max=last_key)]
-            return seen & (kv_idx <= q_idx + offset) if causal else seen
-        return create_block_mask(visible, padding.size(0), None, padded_length(self.tgt_len),
-                                 padded_length(self.src_len), device=str(padding.device))
-
-
-def masked_sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, dropout_p: float) -> Tensor:
-    """SDPA with a float mask (biases, padding, causality folded in), ``q`` already scaled. On CUDA only
-    the memory-efficient and math backends may run it: cuDNN's, torch 2.11's default on H100/H200,
-    gives NaN query gradients with a mask at lengths % 128 == 64 (pytorch#196678), and of the fused
-    backends only the memory-efficient one computes a mask's gradient (a learned bias's)."""
-    if q.device.type != "cuda" or sdpa_kernel is None:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=1.0)
-    with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]):
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=1.0)
-
-
-#: flex_attention's Triton tiles on CUDA: 64 x 64, one pipeline stage. With a learned table captured in fp32
-#: the default tiles need more shared memory than an H200 has (245,760 of 232,448 bytes: "No valid triton
-#: configs", pytorch#133254); these ran as fast as the default on plain causal attention (docs/benchmark.md)
-FLEX_KERNEL_OPTIONS = {"BLOCK_M": 64, "BLOCK_N": 64, "num_stages": 1}
-_COMPILED_FLEX: Dict[str, Callable[..., Tensor]] = {}
-
-
-def flex_kernel(device: torch.device) -> Callable[..., Tensor]:
-    """``flex_attention``, compiled on CUDA (the fused Triton kernel, with :data:`FLEX_KERNEL_OPTIONS`); on
-    the CPU its eager implementation (unfused: for checks and no-grad scoring)."""
-    if device.type != "cuda":
-        return flex_attention
-    if "cuda" not in _COMPILED_FLEX:
-        compiled = torch.compile(flex_attention)
-
-        def tiled(*args: Any, **kwargs: Any) -> Tensor:
-            return compiled(*args, kernel_options=dict(FLEX_KERNEL_OPTIONS), **kwargs)
-        _COMPILED_FLEX["cuda"] = tiled
-    return _COMPILED_FLEX["cuda"]

@@ -2,7 +2,7 @@
 
 ``build_self_attention`` builds ours where the layer has position terms; a layer without keeps
 fairseq's own :class:`~fairseq.modules.MultiheadAttention` (and its fused kernels). ``forward``
-takes the batch's :class:`~fairseq_posattn.modules.position_context.PositionContext` explicitly
+takes the batch's :class:`~posattn.position_context.PositionContext` explicitly
 and hands it to the self-attention in the slot of its padding mask, which fairseq's layer code
 passes on untouched (see :mod:`fairseq_posattn.modules.attention`); fairseq's own attention gets
 the plain padding mask. The rest of the layer is fairseq's.
@@ -18,7 +18,7 @@ from torch import Tensor
 
 from fairseq_posattn.compat import never_use_fused_encoder_layer
 from fairseq_posattn.modules.attention import PositionAwareMultiheadAttention
-from fairseq_posattn.modules.position_context import PositionContext
+from posattn.position_context import PositionContext
 
 
 def build_position_aware_attention(layer: Any, embed_dim: int, num_heads: int, cfg: Any):

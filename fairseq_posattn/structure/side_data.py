@@ -5,7 +5,7 @@ integers: its word's tree depth (``abs``), and the entry and exit times ``tin``/
 in a depth-first walk of the parse (a forest: each root in word order). Word a is an ancestor of (or
 is) word b exactly when ``tin[a] <= tin[b]`` and ``tout[b] <= tout[a]``, so the model rebuilds every
 relative structural position of a batch at once
-(:func:`fairseq_posattn.modules.position_context.structural_relative`). The EOS that
+(:func:`posattn.position_context.structural_relative`). The EOS that
 fairseq-preprocess appends gets ``abs = 1 + max abs`` and ``tin = tout = -1`` (on no path).
 """
 

@@ -25,10 +25,10 @@ from fairseq.tasks import register_task
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
 
 from fairseq_posattn.data.structural_dataset import StructuralLanguagePairDataset, collate_structure
-from fairseq_posattn.modules.position_terms.structural import PARSE
+from posattn.position_terms.structural import PARSE
 from fairseq_posattn.structure.alignment import align_pieces, words_of_pieces
 from fairseq_posattn.structure.side_data import token_side_data
-from fairseq_posattn.user_errors import UserError
+from posattn.errors import UserError
 
 logger = logging.getLogger(__name__)
 

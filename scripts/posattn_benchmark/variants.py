@@ -1,7 +1,7 @@
 """The models the benchmark compares, and the performance targets their ratios are checked against.
 
 Every variant of every registered position method (``PositionMethod.variants`` in
-:mod:`fairseq_posattn.modules.position_terms.registry`) gets a translation row, with the method on
+:mod:`posattn.position_terms.registry`) gets a translation row, with the method on
 every side it takes, and, where the method takes the decoder, a language-model row (``lm-`` prefix)
 with it on the causal decoder; its ratio target is the one of the method's ``benchmark_target``.
 Combinations that are no single method's variant (SAN+P+R, the structural variants, which need real
@@ -11,8 +11,8 @@ trees) and the vanilla references are listed here.
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, FrozenSet, List, Mapping, Optional, Tuple
 
-from fairseq_posattn.modules.position_terms.catalogue import variant_flags, variant_label
-from fairseq_posattn.modules.position_terms.registry import REGISTRY, PositionMethod
+from posattn.position_terms.catalogue import variant_flags, variant_label
+from posattn.position_terms.registry import REGISTRY, PositionMethod
 
 VANILLA_ARCH = "transformer_iwslt_de_en"
 POSATTN_ARCH = "transformer_posattn_iwslt_de_en"

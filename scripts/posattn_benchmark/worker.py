@@ -112,7 +112,7 @@ class Worker:
             batches = make_lm_batches(self.dictionary, spec.shape, count, spec.seed)
         else:
             batches = make_batches(self.dictionary, spec.shape, count, spec.seed)
-            from fairseq_posattn.modules.position_terms.catalogue import all_side_data
+            from posattn.position_terms.catalogue import all_side_data
 
             add_structure(batches, load_trees(spec.conllu), spec.seed)
             add_side_data(batches, all_side_data("encoder"), self.dictionary.pad())

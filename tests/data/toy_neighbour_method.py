@@ -4,7 +4,7 @@ copies it into a copy of the package's ``position_terms/`` with one import line,
 The term adds a learned bias ``b_h`` per head to the logits of the two neighbours of a query
 (``|i - j| = 1``), and shows ``b_h`` over ``i - j`` in posattn-inspect. It states its mathematics once,
 as a ``score_mod``: the dense bias of the kernel's explicit and SDPA paths is derived from it
-(:class:`~fairseq_posattn.modules.position_terms.base.AdditiveLogitBias`, which evaluates it over
+(:class:`~posattn.position_terms.base.AdditiveLogitBias`, which evaluates it over
 ``num_heads`` heads).
 """
 
@@ -13,10 +13,10 @@ from typing import Any, List
 import torch
 from torch import Tensor, nn
 
-from fairseq_posattn.modules.position_context import PositionContext
-from fairseq_posattn.modules.position_terms.base import AdditiveLogitBias, ScoreMod
-from fairseq_posattn.modules.position_terms.quantities import CURVE, Quantity
-from fairseq_posattn.modules.position_terms.registry import LayerSpec, MethodOption, PositionMethod, register
+from posattn.position_context import PositionContext
+from posattn.position_terms.base import AdditiveLogitBias, ScoreMod
+from posattn.position_terms.quantities import CURVE, Quantity
+from posattn.position_terms.registry import LayerSpec, MethodOption, PositionMethod, register
 
 
 class NeighbourBias(AdditiveLogitBias):

@@ -14,11 +14,11 @@ from typing import Any, Dict, List
 import torch
 from torch import Tensor, nn
 
-from fairseq_posattn.modules.position_context import PositionContext
-from fairseq_posattn.modules.position_terms.base import AdditiveLogitBias, ScoreMod
-from fairseq_posattn.modules.position_terms.quantities import CURVE, Quantity
-from fairseq_posattn.modules.position_terms.registry import LayerSpec, MethodOption, PositionMethod, register
-from fairseq_posattn.modules.position_terms.side_inputs import BatchSideData
+from posattn.position_context import PositionContext
+from posattn.position_terms.base import AdditiveLogitBias, ScoreMod
+from posattn.position_terms.quantities import CURVE, Quantity
+from posattn.position_terms.registry import LayerSpec, MethodOption, PositionMethod, register
+from posattn.position_terms.side_inputs import BatchSideData
 
 #: the length of the segments of an example batch
 SEGMENT = 3

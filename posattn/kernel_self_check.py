@@ -1,0 +1,223 @@
+"""The fused attention paths, checked where they run against the explicit path.
+
+A layer's fused path (``flex_attention``, or SDPA with its biases folded into the mask) computes what
+the explicit path computes only as far as the kernels under it are right, and public PyTorch issues
+list silent errors in exactly the cases position terms produce (docs/benchmark.md, "Defences"): wrong
+or NaN gradients of a compiled ``flex_attention`` at some lengths, lost bias gradients, NaN query
+gradients of cuDNN's SDPA with a mask. Users run torch versions and GPUs no test here sees, so the
+kernel checks itself where it runs:
+
+The first time a configuration takes a fused path in a process, :func:`fused_path_agrees` runs that
+path and the explicit path on a random batch of awkward lengths (:data:`CHECK_LENGTHS`, padded as the
+side pads, with the side's causality and the side data its terms need) and compares the outputs and, for a
+layer in training mode, the gradients of the queries, keys, values, the layer input (where a token-difference
+bias computes its values from it) and every learned position parameter the path reads, with a tolerance by
+dtype. A configuration is everything the kernels see: the layer's terms and their sizes, the path, dtype, device, causality, padding side and training
+mode; the layers of one configuration share one check. A fused path that fails to run (a compilation
+error, such as Triton's "No valid triton configs" where the kernel needs more shared memory than the GPU
+has) counts as a mismatch. On a mismatch or a non-finite value, ``--{side}-attention-self-check``:
+
+- ``warn`` (default): one warning line (torch and CUDA versions, the layer, the path, the largest
+  error) and the configuration takes the explicit path for the rest of the process;
+- ``error``: :class:`FusedKernelMismatch`, one line, the process stops;
+- ``off``: no check.
+
+The check runs eagerly (not inside a ``torch.compile`` graph, where the verdict already reached is
+used), with its own random generator (the training's random stream is untouched) and its own
+saved-tensor hooks (activation checkpointing's do not see it). It synchronises with the device once,
+when it compares.
+"""
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Dict, Hashable, List, Tuple
+
+import torch
+from torch import Tensor, nn
+
+from posattn.position_context import PositionContext
+from posattn.errors import UserError
+
+logger = logging.getLogger(__name__)
+
+#: ``--{side}-attention-self-check`` values
+SELF_CHECK_CHOICES = ("warn", "error", "off")
+#: the sentence lengths of the check's batch: neither a multiple of 64 nor of 128, two paddings apart
+CHECK_LENGTHS = (200, 137)
+#: the largest error allowed, relative to the largest magnitude of the explicit path's tensor. In half precision
+#: both paths round and accumulate differently (a bias table's gradient sums every pair of a head): on an H200
+#: flex_attention and the explicit path differed by up to 4.7e-2 in bf16 and 1.4e-6 in fp32 where both were
+#: right; a wrong kernel (NaN, a lost gradient, wrong values) differs by far more
+TOLERANCE = {torch.float64: 1e-9, torch.float32: 2e-3, torch.float16: 5e-2, torch.bfloat16: 1e-1}
+
+
+class FusedKernelMismatch(UserError, RuntimeError):
+    """A fused attention path disagrees with the explicit path (``--{side}-attention-self-check error``)."""
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """A fused path against the explicit path on one batch.
+
+    Attributes:
+        errors: per compared tensor (``output``, ``grad q``, ``grad <term>.<parameter>``, ...), the largest
+            absolute difference relative to the largest magnitude of the explicit path's tensor; ``inf``
+            where either path gave a non-finite value.
+        tolerance: the largest relative error allowed for the dtype.
+        seconds: the time both paths and the comparison took.
+        failure: the error the fused path raised (its type and first line), empty when it ran.
+    """
+
+    errors: Dict[str, float]
+    tolerance: float
+    seconds: float
+    failure: str = ""
+
+    @property
+    def largest(self) -> Tuple[str, float]:
+        """The compared tensor with the largest error, and that error (``inf`` when the fused path failed)."""
+        if self.failure:
+            return "output", float("inf")
+        return max(self.errors.items(), key=lambda item: item[1])
+
+    @property
+    def agrees(self) -> bool:
+        return self.largest[1] <= self.tolerance
+
+    def finding(self) -> str:
+        """What a mismatch report says was found."""
+        if self.failure:
+            return f"it failed to run ({self.failure})"
+        name, error = self.largest
+        return f"largest relative error {error:.1e} in {name} (tolerance {self.tolerance:.0e})"
+
+
+def relative_error(got: Tensor, expected: Tensor) -> float:
+    """``max |got - expected| / max |expected|`` in fp64; ``inf`` where either has a non-finite value."""
+    got, expected = got.detach().double(), expected.detach().double()
+    if not (torch.isfinite(got).all() and torch.isfinite(expected).all()):
+        return float("inf")
+    scale = expected.abs().max().clamp(min=torch.finfo(torch.float32).tiny)
+    return float((got - expected).abs().max() / scale) if expected.numel() else 0.0
+
+
+def check_lengths(attn: nn.Module) -> Tuple[int, ...]:
+    """:data:`CHECK_LENGTHS`, shortened to the fewest positions a term of ``attn`` was built for."""
+    limits = [term.max_positions for term in attn.score_terms() if term.max_positions is not None]
+    longest = min([CHECK_LENGTHS[0], *limits])
+    return (longest, max(1, longest * CHECK_LENGTHS[1] // CHECK_LENGTHS[0]))
+
+
+def causal_mask(length: int, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """fairseq's future mask: ``-inf`` above the diagonal."""
+    return torch.triu(torch.full((length, length), float("-inf"), dtype=dtype, device=device), 1)
+
+
+def compare_paths(attn: nn.Module, path: str, ctx: PositionContext, dtype: torch.dtype, gradients: bool,
+                  seed: int = 0) -> Comparison:
+    """Run ``path`` and the explicit path of ``attn`` on random queries, keys and values of the batch
+    ``ctx`` describes, and compare the outputs of the real query rows and, with ``gradients``, the
+    gradients of q, k, v and of the learned position parameters (of a random projection of the output)."""
+    start = time.perf_counter()
+    device, (batch, length) = ctx.padding_mask.device, ctx.padding_mask.shape
+    generator = torch.Generator().manual_seed(seed)
+
+    def draw(*shape: int) -> Tensor:
+        return torch.randn(*shape, generator=generator, dtype=torch.float32).to(device=device, dtype=dtype)
+
+    qkv = [draw(batch, attn.num_heads, length, attn.head_dim).requires_grad_(gradients) for _ in range(3)]
+    qkv[0] = qkv[0].detach().mul_(attn.head_dim ** -0.5).requires_grad_(gradients)  # scaled, as projected
+    real_rows = ~ctx.padding_mask[:, None, :, None]
+    weights = draw(batch, attn.num_heads, length, attn.head_dim).masked_fill(~real_rows, 0)
+    attn_mask = causal_mask(length, dtype, device) if ctx.causal else None
+    parameters = attn.learned_position_parameters()
+    # the layer input, only where token-difference terms make their values of it
+    layer_input = draw(length, batch, attn.embed_dim).requires_grad_(gradients) if attn.token_difference_terms else None
+    inputs = [*qkv, *([] if layer_input is None else [layer_input]), *(parameter for _, parameter in parameters)]
+    names = ["q", "k", "v", *([] if layer_input is None else ["x"]), *(name for name, _ in parameters)]
+
+    def run(kernel_path: str) -> List[Tensor]:
+        out = attn.path_output(kernel_path, *qkv, ctx, attn_mask, layer_input)
+        results = [out.masked_fill(~real_rows, 0)]
+        if gradients:
+            grads = torch.autograd.grad((out.float() * weights.float()).sum(), inputs, allow_unused=True)
+            results += [torch.zeros_like(x) if g is None else g for g, x in zip(grads, inputs)]
+        return results
+
+    tolerance = TOLERANCE.get(dtype, TOLERANCE[torch.float32])
+    with torch.enable_grad() if gradients else torch.no_grad(), \
+            torch.autograd.graph.saved_tensors_hooks(lambda saved: saved, lambda saved: saved):
+        try:
+            fused = run(path)
+        except Exception as error:  # noqa: BLE001 (whatever the kernel raises, the explicit path is right)
+            failure = f"{type(error).__name__}: {next(iter(str(error).splitlines()), '')}"
+            return Comparison({}, tolerance, time.perf_counter() - start, failure)
+        explicit = run(attn.reference_path)
+    errors = {"output": relative_error(fused[0], explicit[0])}
+    errors.update((f"grad {name}", relative_error(got, expected))
+                  for name, got, expected in zip(names, fused[1:], explicit[1:]))
+    return Comparison(errors, tolerance, time.perf_counter() - start)
+
+
+def configuration_key(attn: nn.Module, path: str, ctx: PositionContext, dtype: torch.dtype) -> Hashable:
+    """What the kernels of one call see, besides the batch's sizes (see the module docstring)."""
+    return (attn.configuration(), path, dtype, ctx.padding_mask.device, ctx.causal, ctx.positions is None,
+            attn.training)
+
+
+#: the verdict of every configuration checked in this process
+_VERDICTS: Dict[Hashable, bool] = {}
+
+
+def fused_path_agrees(attn: nn.Module, path: str, ctx: PositionContext, dtype: torch.dtype) -> bool:
+    """Whether ``attn`` may take the fused ``path`` for a batch like ``ctx`` in ``dtype``: checked the
+    first time its configuration comes (module docstring), remembered for the rest of the process."""
+    if attn.self_check == "off":
+        return True
+    key = configuration_key(attn, path, ctx, dtype)
+    if torch.compiler.is_compiling():
+        return _VERDICTS.get(key, True)
+    verdict = _VERDICTS.get(key)
+    if verdict is None:
+        verdict = _VERDICTS[key] = self_check(attn, path, ctx, dtype)
+    return verdict
+
+
+def self_check(attn: nn.Module, path: str, ctx: PositionContext, dtype: torch.dtype) -> bool:
+    """Compare ``path`` with the explicit path once on the check's batch; say what was found."""
+    example = PositionContext.example(check_lengths(attn), ctx.positions is None, ctx.causal,
+                                      ctx.padding_mask.device, attn.all_terms())
+    comparison = compare_paths(attn, path, example, dtype, gradients=attn.training)
+    name, error = comparison.largest
+    what = (f"{attn.where}: the {path} kernel against the explicit path ({describe(dtype, ctx, attn.training)}, "
+            f"lengths {'/'.join(map(str, check_lengths(attn)))})")
+    if comparison.agrees:
+        logger.info("%s: self-check passed in %.3f s (largest relative error %.1e, %s)",
+                    what, comparison.seconds, error, name)
+        return True
+    found = f"{comparison.finding()}; {versions()}"
+    flag = f"--{attn.where.split()[0]}-attention-self-check"
+    if attn.self_check == "error":
+        raise FusedKernelMismatch(f"{what} disagrees: {found}. Stopped by {flag} error; {flag} warn "
+                                  "falls back to the explicit path instead")
+    logger.warning("%s disagrees: %s. This configuration takes the explicit path for the rest of the process "
+                   "(%s error stops instead)", what, found, flag)
+    return False
+
+
+def describe(dtype: torch.dtype, ctx: PositionContext, training: bool) -> str:
+    padding = "right-padded" if ctx.positions is None else "left-padded"
+    side = "causal" if ctx.causal else "bidirectional"
+    return f"{str(dtype).replace('torch.', '')}, {side}, {padding}, {'training' if training else 'scoring'}"
+
+
+def versions() -> str:
+    """torch, CUDA and the device, as a mismatch report names them."""
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU"
+    return f"torch {torch.__version__}, CUDA {torch.version.cuda}, {device}"
+
+
+def forget_verdicts() -> None:
+    """Forget every verdict: the next fused call of each configuration is checked again."""
+    _VERDICTS.clear()

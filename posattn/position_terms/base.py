@@ -1,0 +1,348 @@
+"""The eight kinds of position term, in the spirit of x-transformers' position modules.
+
+The attention kernel (:mod:`posattn.attention`) owns projections, masking, softmax
+and dropout; a position term only says how it changes one step of that computation:
+
+- :class:`ProjectionScaling`: rescales the projection weights before they are applied;
+- :class:`QueryKeyTransform`: transforms the projected queries and keys of the current tokens;
+- :class:`AdditiveLogitBias`: adds a bias of the query and key positions (or of the batch's side data) to the
+  scaled logits before the masks and the softmax;
+- :class:`TokenDifferenceBias`: adds ``c_i - c_j`` of per-token values computed from the layer's input;
+- :class:`LogitScaling`: rescales the content logits elementwise;
+- :class:`KeyValueAugmentation`: adds a key vector and a value vector per (query, key) pair;
+- :class:`RowDependentBias`: adds a bias computed from each query's row of masked logits;
+- :class:`PostSoftmaxTransform`: transforms the post-softmax attention matrix.
+
+Which method is of which kind is docs/design.md's table (a method's file names its kind). Terms read token
+geometry from a :class:`~posattn.position_context.PositionContext`, which is built once per
+batch and shared by every layer.
+"""
+
+import itertools
+from typing import Callable, Dict, Hashable, List, Optional, Tuple
+
+import torch
+from torch import Tensor, nn
+
+from posattn.position_context import PositionContext
+from posattn.errors import UserError
+from posattn.position_terms.quantities import Quantity
+
+
+#: A term's pointwise form, ``modify(score, b, h, q_idx, kv_idx) -> score``: flex_attention's
+#: ``score_mod`` (attention-gym's convention). ``score`` is the logit of query ``q_idx`` (the token at
+#: index ``q_idx + src_len - tgt_len``) and key ``kv_idx`` of sentence ``b`` in head ``h`` after the
+#: earlier steps of docs/methods.md's order; the indices are integer tensors that broadcast against
+#: ``score`` (flex_attention hands one element at a time, the dense check a whole grid).
+ScoreMod = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
+
+
+def apply_densely(score_mod: ScoreMod, scores: Tensor, batch: Optional[int] = None) -> Tensor:
+    """``score_mod`` evaluated on every (batch, head, query, key) of ``scores`` at once: the form that
+    flex_attention fuses, computed on any device (the tests check it against the explicit path; an additive
+    term's default dense form is this of its own ``score_mod``).
+
+    ``batch``: the number of sentences the index ``b`` ranges over where ``scores`` has one row for them all
+    (size 1 in its first dimension): the result then has a row per sentence only where ``score_mod`` reads
+    ``b``; None: ``b`` ranges over the rows of ``scores``."""
+    sizes = list(scores.shape)
+    if batch is not None:
+        sizes[0] = batch
+    index = [torch.arange(n, device=scores.device) for n in sizes]
+    b, h, q_idx, kv_idx = (i.view([-1 if d == axis else 1 for d in range(4)]) for axis, i in enumerate(index))
+    return score_mod(scores, b, h, q_idx, kv_idx)
+
+
+def at_least_fp32(dtype: torch.dtype) -> torch.dtype:
+    """The dtype that precision-sensitive steps run in: fp32 for fp16/bf16 models, else the model's."""
+    return torch.promote_types(dtype, torch.float32)
+
+
+def same_dtype(tensor: Tensor, dtype: torch.dtype) -> Tensor:
+    """``tensor`` in ``dtype``, without a call when it is already (a decoding step counts calls)."""
+    return tensor if tensor.dtype == dtype else tensor.to(dtype)
+
+
+def captured(table: Tensor) -> Tensor:
+    """``table`` as a ``score_mod`` captures every learned tensor: in fp32 (fp64 for a double model). flex_attention's
+    backward adds a captured tensor's gradient element by element, with atomic adds in the tensor's
+    own dtype; a table read at many (query, key) pairs then loses its gradient in bf16 (on an H200, T5's
+    table gradient was 24% off). The cast's backward hands the gradient back in the parameter's dtype.
+
+    Learned parameters reach a ``score_mod`` only through tables of one entry per head and distance (or
+    position), never as a few per-head scalars: the atomic adds into one address per head serialise
+    (on an H200, DA's per-head w and v made its backward 70x its forward at 4,096 tokens).
+    """
+    return same_dtype(table, at_least_fp32(table.dtype))
+
+
+def lookup(table: Tensor, dim: int, index: Tensor) -> Tensor:
+    """``table`` indexed along ``dim`` by ``index`` of any shape, whose dims replace ``dim``.
+
+    The same as advanced indexing, but through ``index_select``, whose backward adds with
+    ``index_add_``: the backward of advanced indexing serialises over repeated indices on CUDA
+    (pytorch/pytorch#41162), and a position table is read at the same few entries thousands of
+    times per batch (on an H100, two position-position tables' lookups took 3.5 ms of a 20 ms
+    train step this way).
+    """
+    return table.index_select(dim, index.flatten()).unflatten(dim, index.shape)
+
+
+#: the standard deviation of a unit normal truncated at +-2, by which Keras' truncated "normal"
+#: initialisers divide their scale so that the truncated draw keeps the intended variance
+TRUNCATED_NORMAL_STD = 0.87962566103423978
+
+
+def glorot_(tensor: Tensor, fan_in: float, fan_out: float, distribution: str) -> Tensor:
+    """Glorot and Bengio's initialisation with explicit fans, in place, exactly as Keras 2.2.4's
+    ``glorot_uniform`` / ``glorot_normal`` (``VarianceScaling(1, "fan_avg")``) draw it, which is what
+    Dufter et al.'s released code uses: variance ``2 / (fan_in + fan_out)``, ``uniform`` on
+    ``+-sqrt(6 / (fan_in + fan_out))`` or ``normal`` truncated at two standard deviations (the
+    standard deviation divided by :data:`TRUNCATED_NORMAL_STD` so that the truncated draw keeps the
+    variance). The fans are given because a per-head parameter block is not a 2-d weight matrix."""
+    scale = 1.0 / max(1.0, (fan_in + fan_out) / 2)
+    with torch.no_grad():
+        if distribution == "uniform":
+            limit = (3.0 * scale) ** 0.5
+            return tensor.uniform_(-limit, limit)
+        std = scale ** 0.5 / TRUNCATED_NORMAL_STD
+        return nn.init.trunc_normal_(tensor, 0.0, std, -2 * std, 2 * std)
+
+
+class SequenceTooLongError(UserError, ValueError):
+    """A sequence is longer than the positions a term was built for."""
+
+
+def check_length(length: int, max_positions: int, term: str) -> None:
+    """Raise a clear error instead of an index crash when ``length > max_positions``. The sides
+    check every batch first with the option's name (modules know no command-line names)."""
+    if length > max_positions:
+        raise SequenceTooLongError(
+            f"a sequence of {length} tokens is longer than the {max_positions} positions that "
+            f"{term} was built for")
+
+
+class PositionLimitError(UserError, ValueError):
+    """Weights learned for t positions loaded into a model built for another t."""
+
+
+def check_loaded_positions(state_dict: dict, key: str, expected: torch.Size, what: str, positions: int,
+                           learned_positions: int) -> None:
+    """Refuse, in one line, weights of ``key`` learned for ``learned_positions`` positions where the model
+    was built for ``positions`` (a ``max_*_positions`` override): PyTorch would say "size mismatch"."""
+    loaded = state_dict.get(key)
+    if loaded is not None and loaded.shape != expected:
+        raise PositionLimitError(
+            f"{what} was learned for {learned_positions} positions and cannot read more (the model was "
+            f"built for {positions}, e.g. by --model-overrides max_target_positions / max_source_positions): "
+            f"keep the checkpoint's limit and feed sequences of at most {learned_positions} tokens")
+
+
+class PositionTerm(nn.Module):
+    """What every term offers ``posattn-inspect`` (its learned quantities as named arrays) and the
+    kernel (its forms: the explicit one of its kind, and where it has one, :meth:`score_mod`)."""
+
+    #: the most tokens the term reads (its tables' positions), None for any number
+    max_positions: Optional[int] = None
+
+    def score_mod(self, ctx: PositionContext, q: Tensor, src_len: int) -> Optional[ScoreMod]:
+        """The term as a pointwise function of the logit (:data:`ScoreMod`), for the queries ``q``
+        ``(batch, heads, tgt_len, head_dim)`` (scaled) of the last ``tgt_len`` of ``src_len`` tokens;
+        None where it has no such form (it needs the whole attention matrix, or changes the values)."""
+        return None
+
+    def has_score_mod(self) -> bool:
+        """The term has a pointwise form (flex_attention may fuse it)."""
+        return type(self).score_mod is not PositionTerm.score_mod
+
+    def table_key(self, *built_with: Hashable) -> Tuple[Hashable, ...]:
+        """This term's key in the sequence tables of incremental decoding: the term itself (its
+        parameters) and whatever else the table is built with (e.g. the dtype)."""
+        return (self, *built_with)
+
+    def side_modules(self) -> List[nn.Module]:
+        """The side-wide modules the term reads without registering them (the side registers them
+        once, e.g. T5's table); the kernel and posattn-inspect count them as the term's."""
+        return []
+
+    def example_side_data(self, padding_mask: Tensor) -> Dict[str, Tensor]:
+        """The per-token side data, by name, that the term reads from a batch padded as ``padding_mask``
+        ``(batch, length)``, made up for an example batch (the kernel self-check's); {} for none."""
+        return {}
+
+    def legacy_keys(self) -> Dict[str, str]:
+        """State-dict keys of weights the term kept itself in older checkpoints -> their keys under
+        the side's ``position_shared`` (the side upgrades them on load); {} for none."""
+        return {}
+
+    def inspect(self, positions: int) -> List[Quantity]:
+        """The term's learned quantities over the first ``positions`` positions ([] if none)."""
+        raise NotImplementedError(
+            f"{type(self).__name__} must say what posattn-inspect shows of it: implement "
+            "inspect(positions), returning [] when it learns nothing")
+
+
+class ProjectionScaling(PositionTerm):
+    """Kind 5 (step 1): a rescaling of the projection weights ``W_q, W_k, W_v`` before they are applied."""
+
+    def scale_weights(self, q_weight: Tensor, k_weight: Tensor, v_weight: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
+        """``W_q, W_k, W_v`` (each ``embed_dim x embed_dim``, a head's output rows together) as applied."""
+        raise NotImplementedError
+
+
+class QueryKeyTransform(PositionTerm):
+    """Kind 0: a transform of the queries and keys of the current tokens, before the cache."""
+
+    def forward(self, q: Tensor, k: Tensor, ctx: PositionContext) -> Tuple[Tensor, Tensor]:
+        """``q`` (scaled) and ``k`` of shape ``(batch, heads, tgt_len, head_dim)``; the current
+        tokens are the last ``tgt_len`` of the context."""
+        raise NotImplementedError
+
+
+class AdditiveLogitBias(PositionTerm):
+    """Kind 1: ``logits + bias``, after the 1/sqrt(d_h) scaling and before masks and softmax.
+
+    A term states its bias once, as its pointwise form :meth:`score_mod`; the dense form that the explicit and
+    SDPA paths add (:meth:`forward`) is derived from it by default. A term that overrides :meth:`forward`
+    declares a faster dense form of the same bias (prepared once per batch, or sliced from a sequence's table
+    in incremental decoding), and the tests prove the two equal, for every registered variant, on both sides,
+    padded left and right and for a decoding step's query, in fp64 with gradients:
+    ``tests/test_kernel_paths.py::test_score_mod_equals_explicit_logits_and_their_gradients`` (the explicit
+    path's logits, which add :meth:`forward`, against the layer's pointwise forms evaluated densely, as
+    flex_attention fuses them; exactly in fp64, and in fp32) and
+    ``tests/test_kernel_paths.py::test_each_additive_terms_dense_form_equals_the_one_derived_from_its_score_mod``
+    (each term's declared :meth:`forward` against the derived one, exactly). A term without a :meth:`score_mod`
+    states its bias in :meth:`forward` alone (and never takes flex_attention)."""
+
+    #: the bias is a function of the query and key positions alone (not of the batch's tokens or
+    #: parse): in incremental decoding :meth:`bias` slices each step's rows from one table per sequence
+    positions_only: bool = True
+
+    #: the number of heads, over which the default :meth:`forward` evaluates :meth:`score_mod` (a term that
+    #: declares its own :meth:`forward` need not set it)
+    num_heads: Optional[int] = None
+
+    def forward(self, ctx: PositionContext, tgt_len: int, src_len: int) -> Tensor:
+        """The bias, broadcastable to ``(batch, heads, tgt_len, src_len)``, in a floating dtype (the kernel
+        casts it to the logits').
+
+        By default the term's own :meth:`score_mod` evaluated on a zero grid (:func:`apply_densely`) of
+        ``(1, heads, tgt_len, src_len)`` whose sentence index ``b`` ranges over the batch: the bias has a row
+        per sentence only where the pointwise form reads ``b`` (token positions of a left-padded side, side
+        data). It is computed in the dtype of the term's tensors promoted to fp32 at least (:meth:`dense_dtype`),
+        as the kernel's precision-sensitive steps are. The queries it hands :meth:`score_mod` are a placeholder
+        without head dimensions: a bias of this kind is not a function of them."""
+        name = type(self).__name__
+        if not self.has_score_mod():
+            raise NotImplementedError(f"{name} states no bias: implement score_mod (the dense form is derived "
+                                      "from it) or forward")
+        if self.num_heads is None:
+            raise NotImplementedError(f"{name} must set num_heads, the heads its score_mod is evaluated over "
+                                      "for the dense form (or implement forward)")
+        batch, device, dtype = ctx.padding_mask.size(0), ctx.padding_mask.device, self.dense_dtype()
+        queries = torch.zeros(batch, self.num_heads, tgt_len, 0, dtype=dtype, device=device)
+        score_mod = self.score_mod(ctx, queries, src_len)
+        grid = torch.zeros(1, self.num_heads, tgt_len, src_len, dtype=dtype, device=device)
+        return apply_densely(score_mod, grid, batch=batch)
+
+    def dense_dtype(self) -> torch.dtype:
+        """The dtype of the default dense form: that of the term's first floating tensor (its own parameters
+        and buffers, then its side-wide modules'), fp32 at least; fp32 for a term without one."""
+        for module in (self, *self.side_modules()):
+            for tensor in itertools.chain(module.parameters(), module.buffers()):
+                if tensor.is_floating_point():
+                    return at_least_fp32(tensor.dtype)
+        return torch.float32
+
+    def bias(self, ctx: PositionContext, tgt_len: int, src_len: int) -> Tensor:
+        """What the kernel adds: :meth:`forward`, or in incremental decoding the last ``tgt_len`` of
+        ``src_len`` rows of the sequence's table (built by :meth:`forward` for a length bucket)."""
+        if not self.positions_only:
+            return self(ctx, tgt_len, src_len)
+        return ctx.pair_table(self.table_key(), tgt_len, src_len, self)
+
+
+class TokenDifferenceBias(PositionTerm):
+    """Kind 6 (step 4, after the additive biases): ``logits[b, h, i, j] + c[b, h, i] - c[b, h, j]``, where the
+    values ``c`` of every token are computed from the layer's input ``x`` in the forward pass (e.g. cumulative
+    log forget gates). The values depend on the tokens and need their gradient, so the kernel asks for them in
+    every call (activation checkpointing's recomputation computes them again; they are never prepared); in
+    incremental decoding it caches them beside the keys and hands the earlier tokens' back. The dense bias and
+    the pointwise form are the kind's, written once here; a method only says how its values are computed."""
+
+    def token_values(self, x: Tensor, ctx: PositionContext, earlier: Optional[Tensor]) -> Tensor:
+        """``(batch, heads, src_len)`` values of every token, in fp32 at least: ``earlier`` (the values of the
+        first ``src_len - tgt_len`` tokens, cached by incremental decoding; None in a full pass) followed by
+        those of the current tokens, whose layer input is ``x`` of shape ``(tgt_len, batch, embed_dim)``."""
+        raise NotImplementedError
+
+    def bias_of(self, values: Tensor, tgt_len: int) -> Tensor:
+        """``(batch, heads, tgt_len, src_len)``: ``c_i - c_j`` for the last ``tgt_len`` tokens as queries."""
+        return values[:, :, -tgt_len:, None] - values[:, :, None, :]
+
+    def score_mod_of(self, values: Tensor, tgt_len: int) -> ScoreMod:
+        """``score + c[b, h, i] - c[b, h, j]``, reading two copies of the values (flex_attention failed to lower a
+        ``score_mod`` that indexes one grad-requiring tensor twice)."""
+        offset = values.size(-1) - tgt_len
+        queries, keys = values, values.clone()
+
+        def difference(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+            return score + (queries[b, h, q_idx + offset] - keys[b, h, kv_idx]).to(score.dtype)
+        return difference
+
+    def has_score_mod(self) -> bool:
+        return True
+
+
+class RowDependentBias(PositionTerm):
+    """Kind 7 (step 5, after the masks): a bias computed from each query's row of masked logits and from the
+    queries (e.g. positions counted by gates over the whole row): it needs the matrix, so a layer with it
+    takes the explicit path. A decoding step's row holds every cached key, so no history is cached."""
+
+    def forward(self, logits: Tensor, q: Tensor, ctx: PositionContext) -> Tensor:
+        """The bias for ``logits`` of shape ``(batch, heads, tgt_len, src_len)`` (``-inf`` where a query may not
+        see a key) and the scaled queries ``q`` ``(batch, heads, tgt_len, head_dim)``."""
+        raise NotImplementedError
+
+
+class LogitScaling(PositionTerm):
+    """Kind 2: an elementwise transform of the content logits, before biases and masks."""
+
+    def forward(self, logits: Tensor, ctx: PositionContext) -> Tensor:
+        """Return a new tensor (the kernel adds the biases and masks to it in place)."""
+        raise NotImplementedError
+
+
+class KeyValueAugmentation(PositionTerm):
+    """Kind 3: ``e_ij = q_i . (k_j + a^K_ij)`` and ``z_i = sum_j alpha_ij (v_j + a^V_ij)``."""
+
+    #: the value term is on (it needs the attention matrix: no pointwise form then)
+    values: bool = True
+
+    def key_logits(self, q: Tensor, ctx: PositionContext, tgt_len: int, src_len: int) -> Tensor:
+        """``q . a^K_ij`` for scaled queries ``q`` of shape ``(batch, heads, tgt_len, head_dim)``."""
+        raise NotImplementedError
+
+    def value_output(self, probs: Tensor, ctx: PositionContext) -> Tensor:
+        """``sum_j alpha_ij a^V_ij`` for ``probs`` of shape ``(batch, heads, tgt_len, src_len)``."""
+        raise NotImplementedError
+
+
+class PostSoftmaxTransform(PositionTerm):
+    """Kind 4: a transform of the post-softmax attention matrix ``S``; on a causal side, incremental decoding
+    passes the earlier query rows it cached (``history``)."""
+
+    def forward(
+        self,
+        probs: Tensor,
+        blocked: Optional[Tensor],
+        ctx: PositionContext,
+        history: Optional[Tensor],
+    ) -> Tuple[Tensor, Optional[Tensor]]:
+        """Return the transformed matrix and the rows to cache for the next decoding step.
+
+        ``probs`` is zero wherever ``blocked`` is True: where a query may not see a key (padding,
+        future) or the query row is a pad. ``blocked`` broadcasts to ``probs`` (None: nothing is
+        blocked); the transform must give those entries zero weight.
+        """
+        raise NotImplementedError
