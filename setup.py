@@ -1,7 +1,7 @@
 """Packaging of fairseq-posattn (README: "Install into your own environment"): the library ``posattn``, which
 needs torch alone (the base requirements), and its fairseq front-end ``fairseq_posattn``, whose libraries come
 with the extras ``plugin`` (the pipeline's libraries, for a user who brings fairseq), ``fairseq`` (those and
-fairseq) and ``parse`` (those and the parsers).
+fairseq), ``parse`` (those and the parsers) and ``hf`` (transformers 5, for ``posattn.huggingface``).
 
 fairseq itself is not in ``install_requires``: two distributions provide the ``fairseq`` import
 (the official ``fairseq==0.12.2``, which imports on Python < 3.11 only, and ``fairseq-fixed``, the
@@ -55,7 +55,8 @@ setup(
     install_requires=[
         "torch>=2.3",  # torch.compiler.is_compiling; scaled_dot_product_attention(scale=...)
     ],
-    extras_require={"plugin": PLUGIN, "fairseq": PLUGIN + FAIRSEQ, "parse": PLUGIN + PARSE, "test": TEST},
+    extras_require={"plugin": PLUGIN, "fairseq": PLUGIN + FAIRSEQ, "parse": PLUGIN + PARSE, "test": TEST,
+                    "hf": ["transformers>=5.0,<6"]},
     entry_points={"console_scripts": [
         "posattn-prepare-translation = fairseq_posattn.cli.prepare_translation:main",
         "posattn-score = fairseq_posattn.cli.score:main",

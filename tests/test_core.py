@@ -253,3 +253,21 @@ def test_a_left_padded_causal_layer_in_training_passes_its_self_check(variant, c
     with caplog.at_level("INFO", logger="posattn.kernel_self_check"):
         attend(attn, x.float(), mask).sum().backward()
     assert "self-check passed" in caplog.text and "disagrees" not in caplog.text
+
+
+def test_a_method_option_that_would_change_nothing_is_refused():
+    """One position counted clips every count to 0: the term would add the same value to a whole row."""
+    with pytest.raises(posattn.PositionOptionError, match="at least 2, got 1 .one position clips every count"):
+        posattn.position_options(True, cope=1)
+    assert posattn.position_options(True, cope=2).methods()
+
+
+@pytest.mark.parametrize("dtype,longest", [(torch.float32, 1074), (torch.float16, 82)])
+def test_a_sequence_past_the_range_of_its_key_scales_is_refused_in_one_line(dtype, longest):
+    """The largest key scale of the transform with a decay, zeta_0^(-m/B), is kept a hundredth below the
+    dtype's largest value: beyond, one line instead of inf and NaN; up to it, finite outputs."""
+    attn = posattn.SelfAttention(E, H, causal=True, xpos=True, xpos_scale_base=16).to(dtype).eval()
+    with torch.no_grad():
+        assert torch.isfinite(attn(torch.randn(1, longest, E, dtype=dtype))).all()
+        with pytest.raises(posattn.UserError, match=f"pass the type's range from {longest + 1} tokens on"):
+            attn(torch.randn(1, longest + 1, E, dtype=dtype))

@@ -114,7 +114,8 @@ def test_the_sliding_perplexity_is_a_token_by_token_recomputation():
 
 
 #: run with examples/pytorch and tests/ on PYTHONPATH: the fairseq recipe's model (transformer_lm_posattn, its flags)
-#: and the example's, the fairseq one's weights (random position parameters) copied into the other under the example's names, on one batch
+#: and the example's, the fairseq one's weights (random position parameters) copied into the other under the
+#: example's names, on one batch
 SAME_LOGITS = """
 import json, torch
 from model_helpers import TinyTask, build_model

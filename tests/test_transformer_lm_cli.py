@@ -109,6 +109,23 @@ def test_block_longer_than_the_direct_positions_fails_at_start_up(data_bin, tmp_
     assert not os.path.exists(tmp_path / "ckpt" / "checkpoint_last.pt")
 
 
+def test_an_option_value_that_would_change_nothing_is_refused_in_one_line(data_bin, tmp_path):
+    result = run_failing("fairseq-train", [data_bin, *TINY, "--decoder-cope", "1", *TRAINING, "--max-update", "1",
+                                           "--save-dir", str(tmp_path / "ckpt")])
+    assert error_line(result, "fairseq-train").startswith(
+        "fairseq-train: error: --decoder-cope must be 0 (off) or a number of positions of at least 2, got 1")
+    assert not os.path.exists(tmp_path / "ckpt" / "checkpoint_last.pt")
+
+
+def test_a_width_the_heads_do_not_divide_is_refused_in_one_line(data_bin, tmp_path):
+    tiny = [value if value != "32" else "30" for value in TINY]  # --decoder-embed-dim 30 (and its in/out dims)
+    result = run_failing("fairseq-train", [data_bin, *tiny, "--decoder-attention-heads", "4", "--decoder-alibi",
+                                           *TRAINING, "--max-update", "1", "--save-dir", str(tmp_path / "ckpt")])
+    assert error_line(result, "fairseq-train") == (
+        "fairseq-train: error: --decoder-embed-dim 30 is not a multiple of --decoder-attention-heads 4: each head "
+        "takes an equal share of the width (e.g. --decoder-embed-dim 28)")
+
+
 def eval_lm(data_bin: str, checkpoint: str, extra: list, runner=run):
     return runner("fairseq-eval-lm", [data_bin, "--user-dir", USER_DIR, "--path", checkpoint, "--gen-subset", "test",
                                       "--max-tokens", "4000", "--cpu", "--num-workers", "0", *extra])

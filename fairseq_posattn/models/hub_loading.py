@@ -1,13 +1,14 @@
 """What every model family of the plugin shares: ``from_pretrained`` through :mod:`fairseq_posattn.hub`
 (docs/hub.md), the check that a data directory is the checkpoint's own
-(:mod:`fairseq_posattn.data.fingerprint`), and the record of the options that make the model's function
-(:mod:`fairseq_posattn.models.position_record`)."""
+(:mod:`fairseq_posattn.data.fingerprint`), the check of the heads' sizes, and the record of the options that make
+the model's function (:mod:`fairseq_posattn.models.position_record`)."""
 
 import functools
 from typing import Any, Callable, Dict
 
 from fairseq_posattn.data.fingerprint import check_data_fingerprint
 from fairseq_posattn.models.position_record import record_model_options
+from posattn.errors import UserError
 
 
 class PosattnHubMixin:
@@ -46,12 +47,28 @@ class PosattnHubMixin:
                                    archive_map=cls.hub_models(), **kwargs)
 
 
+class HeadSizeError(UserError, ValueError):
+    """A side's width is not a multiple of its attention heads."""
+
+
+def check_head_sizes(args: Any) -> None:
+    """Refuse, in one line, a side whose ``--{side}-embed-dim`` its ``--{side}-attention-heads`` do not divide
+    (fairseq's attention asserts it, with a traceback, once the model is half built)."""
+    for side in ("encoder", "decoder"):
+        width, heads = getattr(args, f"{side}_embed_dim", None), getattr(args, f"{side}_attention_heads", None)
+        if isinstance(width, int) and isinstance(heads, int) and heads > 0 and width % heads:
+            raise HeadSizeError(f"--{side}-embed-dim {width} is not a multiple of --{side}-attention-heads {heads}: "
+                                f"each head takes an equal share of the width (e.g. --{side}-embed-dim "
+                                f"{width - width % heads or heads})")
+
+
 def _checked_and_recorded(build_model: Callable) -> Callable:
-    """``build_model(cls, args, task)`` that checks (or records) the task's data fingerprint first, and records
-    the options of the model it builds."""
+    """``build_model(cls, args, task)`` that checks (or records) the task's data fingerprint and the heads'
+    sizes first, and records the options of the model it builds."""
     @functools.wraps(build_model)
     def checked(cls, args: Any, task: Any):
         check_data_fingerprint(task)
+        check_head_sizes(args)
         model = build_model(cls, args, task)
         record_model_options(model, getattr(model, "built_from", args))
         return model

@@ -103,9 +103,11 @@ class ContextualPositionMethod(PositionMethod):
         return options.cope > 0
 
     def validate(self, options: Any) -> None:
-        if options.cope < 0:
-            raise PositionOptionError(f"{options.flag('cope')} must be 0 (off) or a number of positions, "
-                                      f"got {options.cope}")
+        if options.cope < 0 or options.cope == 1:
+            raise PositionOptionError(
+                f"{options.flag('cope')} must be 0 (off) or a number of positions of at least 2, got {options.cope}"
+                + (" (one position clips every count to 0: the term adds the same value to a whole row and changes "
+                   "nothing)" if options.cope == 1 else ""))
 
     def terms(self, options: Any, layer: LayerSpec) -> List[nn.Module]:
         return [ContextualPositionBias(layer.head_dim, options.cope)]

@@ -20,7 +20,9 @@ Choices:
   layer), and moves at every decoding step (it transforms every cached key again). We scale by the
   token position itself, as the paper writes it, and cache transformed keys. The price is range: at
   B = 512 the smallest zeta, 0.29, scales the key at position 4,096 by 2.2e4, past fp16's range for a key
-  of norm 3 (use bf16 or fp32 there); bf16 and fp32, with fp32's range, reach about 35,000 tokens.
+  of norm 3. A sequence is refused, in one line, from the length on where the largest key scale passes a
+  hundredth of the model dtype's largest value (:meth:`XPosEmbedding.longest`: at B = 512, 2,650 tokens in
+  fp16, 34,300 in bf16 and fp32), where it would otherwise end in inf and NaN.
 - **the scales and the rotation** are computed in fp32 (fp64 for a double model) and the result cast back to
   the model's dtype.
 - **a bidirectional side (an encoder)**, which the paper does not consider, gets the same transform (its
@@ -30,6 +32,7 @@ Choices:
   combination no paper uses (the tests' all-at-once model uses it).
 """
 
+import math
 from dataclasses import dataclass
 from typing import Any, List, Optional, Tuple
 
@@ -37,7 +40,7 @@ import torch
 from torch import Tensor, nn
 
 from posattn.position_context import PositionContext, Preparation
-from posattn.position_terms.base import QueryKeyTransform, at_least_fp32
+from posattn.position_terms.base import QueryKeyTransform, SequenceTooLongError, at_least_fp32
 from posattn.position_terms.quantities import CURVE, Quantity
 from posattn.position_terms.registry import (
     LayerSpec,
@@ -50,6 +53,8 @@ from posattn.position_terms.rotary import rotary_frequencies, rotate_pairs, rota
 
 #: the paper's gamma in zeta_k = (2k/d_h + gamma) / (1 + gamma)
 XPOS_GAMMA = 0.4
+#: the factor below a dtype's largest value that the largest key scale must stay (the key's own entries)
+KEY_ROOM = 100.0
 
 
 def xpos_zeta(head_dim: int, dtype: torch.dtype, device: Optional[torch.device] = None) -> Tensor:
@@ -88,8 +93,19 @@ class XPosEmbedding(QueryKeyTransform):
     def extra_repr(self) -> str:
         return f"head_dim={self.head_dim}, scale_base={self.scale_base}"
 
+    def longest(self, dtype: torch.dtype) -> int:
+        """The longest sequence whose largest key scale ``zeta_0^(-m/B)`` stays below a hundredth of ``dtype``'s
+        largest value (room for the key's own entries)."""
+        smallest_zeta = XPOS_GAMMA / (1 + XPOS_GAMMA)  # zeta_0, of the pair k = 0 (no tensor: no graph break)
+        return int(self.scale_base * math.log(torch.finfo(dtype).max / KEY_ROOM) / -math.log(smallest_zeta))
+
     def forward(self, q: Tensor, k: Tensor, ctx: PositionContext) -> Tuple[Tensor, Tensor]:
         tgt_len, dtype, length = q.size(2), at_least_fp32(q.dtype), ctx.length
+        if length > self.longest(q.dtype):
+            raise SequenceTooLongError(
+                f"a sequence of {length} tokens is longer than xPos reaches in {str(q.dtype).split('.')[-1]}: its "
+                f"key scales zeta^(-m/B) (scale base B = {self.scale_base}) pass the type's range from "
+                f"{self.longest(q.dtype) + 1} tokens on; read shorter windows, a wider type or a larger scale base")
         table = ctx.sequence_table(  # incremental decoding: the sequence's tables, sliced per step
             (XPosTables, self.head_dim, self.scale_base, dtype), length,
             lambda n: self.tables(PositionContext.unpadded(n, q.device), n, dtype), length_dim=-2)

@@ -1,0 +1,255 @@
+"""posattn.huggingface: Llama, GPT-2 and BERT switched to a position method with one call (docs/huggingface.md).
+
+Small models from configs (hidden 32, 2 layers, 4 heads, vocabulary 100), fp64 where equality is checked: with no
+method the switched model computes what transformers computes (eager and SDPA, left and right padding); with a
+method it is causal, padding-invariant, equal to ``posattn.position_attention`` and trains; ``generate()`` with the
+cache equals it without and the full forward; a saved model loads with its method; what does not fit is refused.
+"""
+
+import copy
+import json
+from typing import Any, Callable, Dict
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers", reason="transformers is not installed (pip install '.[hf]')")
+
+import posattn  # noqa: E402
+from posattn import huggingface as hf  # noqa: E402
+
+VOCAB = 100
+#: the methods checked on every model type that takes them (position_options' names)
+METHODS: Dict[str, Dict[str, Any]] = {
+    "alibi": {"alibi": True},
+    "t5-bias": {"t5_relative_bias": 8, "t5_max_distance": 16},
+    "kerple-log": {"kerple": "log"},
+    "direct-relative": {"direct_position": "relative"},
+    "distance-aware": {"distance_aware": True},
+}
+#: the methods generation is checked with: additive biases and query/key transforms (the cached keys transformed
+#: again at their positions)
+DECODING_METHODS = {name: METHODS[name] for name in ("alibi", "t5-bias")} | {"rotary": {"rotary": True},
+                                                                              "xpos": {"xpos": True}}
+
+
+def llama() -> Any:
+    config = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                      bos_token_id=None, eos_token_id=None)  # generation runs its full length
+    return transformers.LlamaForCausalLM(config)
+
+
+def gpt2() -> Any:
+    config = transformers.GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=64,
+                                     bos_token_id=None, eos_token_id=None)
+    return transformers.GPT2LMHeadModel(config)
+
+
+def bert() -> Any:
+    config = transformers.BertConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                     num_attention_heads=4, max_position_embeddings=64)
+    return transformers.BertModel(config)
+
+
+MODELS: Dict[str, Callable[[], Any]] = {"llama": llama, "gpt2": gpt2, "bert": bert}
+DECODERS = ("llama", "gpt2")
+
+
+def built(kind: str, seed: int = 0, attn_implementation: str = "sdpa") -> Any:
+    torch.manual_seed(seed)
+    model = MODELS[kind]().double().eval()
+    model.set_attn_implementation(attn_implementation)
+    return model
+
+
+def switched(kind: str, seed: int = 0, **options: Any) -> Any:
+    return hf.apply_position_method(built(kind, seed), **options)
+
+
+def output(model: Any, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    result = model(input_ids=ids, attention_mask=mask)
+    return result.logits if hasattr(result, "logits") else result.last_hidden_state
+
+
+def padded_batch(side: str, length: int = 8) -> Dict[str, torch.Tensor]:
+    """Three sequences of ``length``, ``length - 3`` and ``length - 1`` tokens, padded on ``side``."""
+    generator = torch.Generator().manual_seed(1)
+    ids = torch.randint(1, VOCAB, (3, length), generator=generator)
+    mask = torch.ones(3, length, dtype=torch.long)
+    for row, pads in ((1, 3), (2, 1)):
+        mask[row, :pads] = 0 if side == "left" else 1
+        mask[row, length - pads:] = 0 if side == "right" else 1
+    return {"ids": ids.masked_fill(mask == 0, 0), "mask": mask}
+
+
+# ----------------------------------------------------------------- (a) no method: transformers' own model
+@pytest.mark.parametrize("kind", MODELS)
+@pytest.mark.parametrize("implementation", ["eager", "sdpa"])
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_with_no_method_the_switched_model_computes_what_transformers_computes(kind, implementation, side):
+    """Equal to fp64 rounding; transformers' eager attention takes its softmax in fp32 (Llama's: to its rounding)."""
+    if (kind, implementation, side) == ("llama", "eager", "left"):
+        pytest.skip("transformers' eager Llama gives NaN for every token of a left-padded sequence in a forward pass "
+                    "(its fully masked padded rows)")
+    model = built(kind, attn_implementation=implementation)
+    batch = padded_batch(side)
+    expected = output(model, batch["ids"], batch["mask"])
+    hf.apply_position_method(model)
+    assert model.config._attn_implementation == hf.IMPLEMENTATION
+    real = batch["mask"].bool()
+    tolerance = 1e-6 if (kind, implementation) == ("llama", "eager") else 1e-12
+    torch.testing.assert_close(output(model, batch["ids"], batch["mask"])[real], expected[real], rtol=0,
+                               atol=tolerance)
+
+
+# ----------------------------------------------------------------- (b) with a method
+def test_a_method_turns_the_models_own_positions_off_and_keeps_them_when_asked(caplog):
+    with caplog.at_level("INFO", logger="posattn.huggingface"):
+        model = switched("gpt2", alibi=True)
+    assert [record.message for record in caplog.records if "replaces the model's own positions" in record.message]
+    assert model.transformer.wpe.weight.abs().max() == 0 and not model.transformer.wpe.weight.requires_grad
+    assert switched("bert", alibi=True).embeddings.position_embeddings.weight.abs().max() == 0
+    assert isinstance(switched("llama", alibi=True).model.rotary_emb, hf.UnrotatedPositions)
+    kept = switched("gpt2", alibi=True, keep_model_positions=True)
+    assert kept.transformer.wpe.weight.abs().max() > 0 and kept.transformer.wpe.weight.requires_grad
+
+
+@pytest.mark.parametrize("kind", MODELS)
+def test_every_layer_holds_its_method_built_from_one_side(kind):
+    model = switched(kind, t5_relative_bias=8, t5_max_distance=16)
+    methods = [module.position_method for module in model.modules() if hasattr(module, "position_method")]
+    assert len(methods) == 2 and len({id(method.side_options) for method in methods}) == 1
+    assert all(method.causal == (kind in DECODERS) for method in methods)
+    assert any("position_method" in name for name in model.state_dict())
+
+
+@pytest.mark.parametrize("kind", DECODERS)
+@pytest.mark.parametrize("method", METHODS)
+def test_a_decoder_with_a_method_is_causal(kind, method):
+    model = switched(kind, **METHODS[method])
+    ids = torch.randint(1, VOCAB, (2, 9), generator=torch.Generator().manual_seed(2))
+    changed = ids.clone()
+    changed[:, 6:] = (changed[:, 6:] + 1) % VOCAB
+    mask = torch.ones_like(ids)
+    torch.testing.assert_close(output(model, changed, mask)[:, :6], output(model, ids, mask)[:, :6], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("kind", MODELS)
+@pytest.mark.parametrize("method", METHODS)
+def test_a_method_is_invariant_to_padding(kind, method):
+    model = switched(kind, **METHODS[method])
+    side = "left" if kind in DECODERS else "right"
+    batch = padded_batch(side)
+    padded = output(model, batch["ids"], batch["mask"])
+    real = batch["mask"][1].bool()
+    alone = output(model, batch["ids"][1:2, real], torch.ones(1, int(real.sum()), dtype=torch.long))
+    torch.testing.assert_close(padded[1, real], alone[0], rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("kind", MODELS)
+@pytest.mark.parametrize("method", METHODS)
+def test_the_attention_function_is_position_attention(kind, method):
+    model = switched(kind, **METHODS[method])
+    module = next(module for module in model.modules() if hasattr(module, "position_method"))
+    causal = kind in DECODERS
+    mask = padded_batch("left" if causal else "right")["mask"].bool()
+    q, k, v = torch.randn(3, 3, 4, 8, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    context = hf.batch_positions(3, 8, 8, attention_mask=mask, mask_function=(
+        transformers.masking_utils.causal_mask_function if causal else
+        transformers.masking_utils.bidirectional_mask_function))
+    got, weights = hf.method_attention(module, q, k, v, context, scaling=8 ** -0.5)
+    expected = posattn.position_attention(q, k, v, module.position_method, padding_mask=~mask, causal=causal)
+    assert weights is None
+    torch.testing.assert_close(got[mask], expected.transpose(1, 2)[mask], rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("kind", MODELS)
+@pytest.mark.parametrize("method", ["t5-bias", "kerple-log", "direct-relative", "distance-aware"])
+def test_gradients_reach_the_methods_parameters(kind, method):
+    model = switched(kind, **METHODS[method]).train()
+    batch = padded_batch("right")
+    output(model, batch["ids"], batch["mask"]).square().sum().backward()
+    learned = [parameter for module in model.modules() if hasattr(module, "position_method")
+               for _, parameter in module.position_method.learned_position_parameters()]
+    assert learned and all(p.grad is not None for p in learned)
+    assert sum(p.grad.abs().sum() for p in learned) > 0
+
+
+def test_an_encoder_takes_a_post_softmax_transform():
+    model = switched("bert", conv_attention="2d")
+    batch = padded_batch("right")
+    assert torch.isfinite(output(model, batch["ids"], batch["mask"])).all()
+
+
+# ----------------------------------------------------------------- (c) generation
+@pytest.mark.parametrize("kind", DECODERS)
+@pytest.mark.parametrize("method", DECODING_METHODS)
+def test_generation_with_the_cache_equals_generation_without_it_and_the_full_forward(kind, method):
+    model = switched(kind, **DECODING_METHODS[method])
+    batch = padded_batch("left", length=6)
+    prompt = {"input_ids": batch["ids"], "attention_mask": batch["mask"], "max_new_tokens": 5, "do_sample": False,
+              "pad_token_id": 0}
+    for beams in (1, 3):
+        cached = model.generate(**prompt, num_beams=beams)
+        assert torch.equal(cached, model.generate(**prompt, num_beams=beams, use_cache=False)), beams
+    mask = torch.cat([batch["mask"], torch.ones(3, 5, dtype=torch.long)], dim=1)
+    cached = model.generate(**prompt)
+    predicted = output(model, cached, mask)[:, 5:-1].argmax(dim=-1)
+    assert torch.equal(predicted, cached[:, 6:])
+
+
+# ----------------------------------------------------------------- (d) saving, loading, refusals
+@pytest.mark.parametrize("kind, method", [("llama", "t5-bias"), ("gpt2", "kerple-log"), ("bert", "distance-aware")])
+def test_a_saved_model_loads_with_its_method_and_the_same_outputs(kind, method, tmp_path):
+    model = switched(kind, **METHODS[method])
+    with torch.no_grad():  # learned values, not the initial ones
+        for parameter in (p for p in model.parameters() if p.requires_grad):
+            parameter.add_(0.01 * torch.randn_like(parameter))
+    model.save_pretrained(tmp_path)
+    record = json.loads((tmp_path / "config.json").read_text())[hf.CONFIG_RECORD]
+    assert record["options"] == METHODS[method]
+    loaded = hf.from_pretrained(type(model), str(tmp_path), dtype=torch.float64).eval()
+    batch = padded_batch("left" if kind in DECODERS else "right")
+    real = batch["mask"].bool()
+    torch.testing.assert_close(output(loaded, batch["ids"], batch["mask"])[real],
+                               output(model, batch["ids"], batch["mask"])[real], rtol=0, atol=0)
+
+
+def test_loading_as_another_method_or_without_one_is_refused(tmp_path):
+    model = switched("llama", alibi=True)
+    model.save_pretrained(tmp_path / "alibi")
+    with pytest.raises(hf.HuggingFaceRefusal, match="saved with position options"):
+        hf.from_pretrained(transformers.LlamaForCausalLM, str(tmp_path / "alibi"), expected_options={"rotary": True})
+    plain = transformers.LlamaForCausalLM.from_pretrained(tmp_path / "alibi")
+    with pytest.raises(hf.HuggingFaceRefusal, match="already has a position method"):
+        hf.apply_position_method(plain, alibi=True)
+    built("llama").save_pretrained(tmp_path / "plain")
+    with pytest.raises(hf.HuggingFaceRefusal, match="saved without a position method"):
+        hf.from_pretrained(transformers.LlamaForCausalLM, str(tmp_path / "plain"))
+
+
+@pytest.mark.parametrize("kind, options, message", [
+    ("bert", {"cope": 64}, "an option of causal models only"),
+    ("bert", {"forget_gate": True}, "an option of causal models only"),
+    ("gpt2", {"no_such_option": 1}, "no position option no_such_option"),
+    ("gpt2", {"conv_attention": "2d"}, "post-softmax transform or a row-dependent bias"),
+    ("llama", {"cope": 64}, "post-softmax transform or a row-dependent bias"),
+    ("llama", {"forget_gate": True}, "token-difference term"),
+    ("llama", {"kerple": "cubic"}, "must be one of"),
+])
+def test_a_method_that_does_not_fit_is_refused_in_one_line(kind, options, message):
+    with pytest.raises(posattn.UserError, match=message) as refused:
+        switched(kind, **options)
+    assert "\n" not in str(refused.value)
+
+
+def test_an_unsupported_model_is_refused_naming_the_supported_ones():
+    config = transformers.OPTConfig(vocab_size=VOCAB, hidden_size=32, ffn_dim=64, num_hidden_layers=1,
+                                    num_attention_heads=4, word_embed_proj_dim=32)
+    with pytest.raises(hf.HuggingFaceRefusal, match="takes Llama, GPT-2 and BERT"):
+        hf.apply_position_method(transformers.OPTModel(config))
+    decoder = copy.deepcopy(bert().config)
+    decoder.is_decoder = True
+    with pytest.raises(hf.HuggingFaceRefusal, match="bidirectional encoder"):
+        hf.apply_position_method(transformers.BertModel(decoder))
