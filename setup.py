@@ -1,7 +1,7 @@
 """Packaging of fairseq-posattn (README: "Install into your own environment"): the library ``posattn``, which
 needs torch alone (the base requirements), and its fairseq front-end ``fairseq_posattn``, whose libraries come
 with the extras ``plugin`` (the pipeline's libraries, for a user who brings fairseq), ``fairseq`` (those and
-fairseq), ``parse`` (those and the parsers) and ``hf`` (transformers 5, for ``posattn.huggingface``).
+fairseq), ``parse`` (those and the parsers) and ``hf`` (transformers 5, for ``posattn_huggingface``).
 
 fairseq itself is not in ``install_requires``: two distributions provide the ``fairseq`` import
 (the official ``fairseq==0.12.2``, which imports on Python < 3.11 only, and ``fairseq-fixed``, the
@@ -48,7 +48,8 @@ setup(
     long_description_content_type="text/markdown",
     license="MIT",
     license_files=["LICENSE"],
-    packages=find_packages(include=["posattn", "posattn.*", "fairseq_posattn", "fairseq_posattn.*"]),
+    packages=find_packages(include=["posattn", "posattn.*", "posattn_huggingface", "fairseq_posattn",
+                                    "fairseq_posattn.*"]),
     package_data={"fairseq_posattn": ["configs/*/*.yaml"]},
     # The code needs 3.9 (tests/test_packaging.py checks it with vermin); tested on 3.11.
     python_requires=">=3.9",

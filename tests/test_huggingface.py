@@ -1,4 +1,4 @@
-"""posattn.huggingface: Llama, GPT-2 and BERT switched to a position method with one call (docs/huggingface.md).
+"""posattn_huggingface: Llama, GPT-2 and BERT switched to a position method with one call (docs/huggingface.md).
 
 Small models from configs (hidden 32, 2 layers, 4 heads, vocabulary 100), fp64 where equality is checked: with no
 method the switched model computes what transformers computes (eager and SDPA, left and right padding); with a
@@ -16,7 +16,7 @@ import torch
 transformers = pytest.importorskip("transformers", reason="transformers is not installed (pip install '.[hf]')")
 
 import posattn  # noqa: E402
-from posattn import huggingface as hf  # noqa: E402
+import posattn_huggingface as hf  # noqa: E402
 
 VOCAB = 100
 #: the methods checked on every model type that takes them (position_options' names)
@@ -105,7 +105,7 @@ def test_with_no_method_the_switched_model_computes_what_transformers_computes(k
 
 # ----------------------------------------------------------------- (b) with a method
 def test_a_method_turns_the_models_own_positions_off_and_keeps_them_when_asked(caplog):
-    with caplog.at_level("INFO", logger="posattn.huggingface"):
+    with caplog.at_level("INFO", logger="posattn_huggingface"):
         model = switched("gpt2", alibi=True)
     assert [record.message for record in caplog.records if "replaces the model's own positions" in record.message]
     assert model.transformer.wpe.weight.abs().max() == 0 and not model.transformer.wpe.weight.requires_grad

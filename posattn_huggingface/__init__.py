@@ -11,7 +11,7 @@ model), and switches the model to the attention implementation ``"posattn"``: a 
 attention with its method. :func:`from_pretrained` loads a model that ``save_pretrained`` wrote with its method
 (recorded in ``config.json``).
 
-This module is the only one of the library that imports transformers (the extra ``[hf]``); ``import posattn``
+This package, beside the library and on top of it, imports transformers (the extra ``[hf]``); ``import posattn``
 needs torch alone. docs/huggingface.md says what works and what is refused.
 """
 
@@ -36,7 +36,7 @@ try:
     from transformers import AttentionInterface, PreTrainedModel
     from transformers.masking_utils import AttentionMaskInterface, bidirectional_mask_function, causal_mask_function
 except ImportError as error:  # pragma: no cover - the extra is not installed
-    raise ImportError("posattn.huggingface needs transformers 5: pip install 'fairseq-posattn[hf]'") from error
+    raise ImportError("posattn_huggingface needs transformers 5: pip install 'fairseq-posattn[hf]'") from error
 
 logger = logging.getLogger(__name__)
 
@@ -138,7 +138,7 @@ def apply_position_method(model: PreTrainedModel, *, keep_model_positions: bool 
     if getattr(model.config, CONFIG_RECORD, None) is not None:
         raise HuggingFaceRefusal(
             f"this model already has a position method ({_describe(getattr(model.config, CONFIG_RECORD))}); a "
-            "saved one is loaded with posattn.huggingface.from_pretrained(model_class, path)")
+            "saved one is loaded with posattn_huggingface.from_pretrained(model_class, path)")
     if max_positions is None:
         max_positions = model.config.max_position_embeddings
     record = {"options": dict(options), "max_positions": max_positions, "keep_model_positions": keep_model_positions}
@@ -151,11 +151,11 @@ def family_of(model: PreTrainedModel) -> Family:
     config = model.config
     family = FAMILIES.get(getattr(config, "model_type", None))
     if family is None:
-        raise HuggingFaceRefusal(f"posattn.huggingface takes Llama, GPT-2 and BERT models (model_type "
+        raise HuggingFaceRefusal(f"posattn_huggingface takes Llama, GPT-2 and BERT models (model_type "
                                  f"{', '.join(FAMILIES)}), not {type(model).__name__} "
                                  f"(model_type {getattr(config, 'model_type', None)!r})")
     if getattr(config, "add_cross_attention", False) or (not family.causal and getattr(config, "is_decoder", False)):
-        raise HuggingFaceRefusal(f"posattn.huggingface takes {family.name} as a "
+        raise HuggingFaceRefusal(f"posattn_huggingface takes {family.name} as a "
                                  f"{'decoder' if family.causal else 'bidirectional encoder'} without "
                                  "cross-attention (is_decoder=False, add_cross_attention=False)")
     return family
@@ -213,7 +213,7 @@ def side_options(family: Family, max_positions: int, options: Dict[str, Any]) ->
         raise HuggingFaceRefusal(f"{asked_by} needs {data.what} with every batch, which Hugging Face batches do not "
                                  "carry; use the fairseq front-end (fairseq_posattn) for it")
     if built.input_embedding(1, 0, True) is not None:
-        raise HuggingFaceRefusal("the options replace the input's position embedding, which posattn.huggingface "
+        raise HuggingFaceRefusal("the options replace the input's position embedding, which posattn_huggingface "
                                  "does not do yet; use the fairseq front-end (fairseq_posattn) for them")
     return built
 
@@ -226,7 +226,7 @@ def refuse_unfit_kinds(method: PositionKernel, family: Family) -> None:
     if len(method.token_difference_terms):
         raise HuggingFaceRefusal(f"{method.where}: a token-difference term reads the layer input, which "
                                  "transformers does not pass to the attention function; not in "
-                                 "posattn.huggingface yet (the fairseq front-end and posattn.SelfAttention take it)")
+                                 "posattn_huggingface yet (the fairseq front-end and posattn.SelfAttention take it)")
     if family.causal and (method.post_softmax_term is not None or method.row_term is not None):
         raise HuggingFaceRefusal(f"{method.where}: a post-softmax transform or a row-dependent bias keeps decoding "
                                  f"state that the Hugging Face cache does not hold yet: not on {family.name} for "
@@ -260,7 +260,7 @@ def batch_positions(batch_size: int, q_length: int, kv_length: int, q_offset: An
     """
     causal = _causality(mask_function)
     if not isinstance(q_offset, int) or kv_offset != 0 or q_offset + q_length != kv_length:
-        raise HuggingFaceRefusal("posattn.huggingface takes a DynamicCache (the default) or no cache: the queries "
+        raise HuggingFaceRefusal("posattn_huggingface takes a DynamicCache (the default) or no cache: the queries "
                                  "must be the last tokens of the keys")
     if attention_mask is None:
         return batch_context(None, causal, kv_length, device)
@@ -275,7 +275,7 @@ def _causality(mask_function: Optional[Callable[..., Any]]) -> bool:
         return True
     if mask_function is bidirectional_mask_function:
         return False
-    raise HuggingFaceRefusal("posattn.huggingface takes transformers' plain causal or bidirectional masks, not "
+    raise HuggingFaceRefusal("posattn_huggingface takes transformers' plain causal or bidirectional masks, not "
                              f"{getattr(mask_function, '__name__', mask_function)} (packed sequences: give an "
                              "attention_mask, one sequence per row)")
 
@@ -300,7 +300,7 @@ def method_attention(module: nn.Module, query: Tensor, key: Tensor, value: Tenso
     method = getattr(module, METHOD_ATTRIBUTE, None)
     if method is None:
         raise HuggingFaceRefusal(f"{type(module).__name__} has no position method: switch the model with "
-                                 "posattn.huggingface.apply_position_method")
+                                 "posattn_huggingface.apply_position_method")
     ctx = attention_mask
     if not isinstance(ctx, PositionContext) or ctx.length != key.size(2):
         raise HuggingFaceRefusal(f"{method.where}: the attention mask is not the batch's position context of "
