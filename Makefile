@@ -59,10 +59,11 @@ benchmark-full: install
 gpu-check: require-gpu install
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) scripts/gpu_check.py --output gpu-check-output $(GPU_CHECK_ARGS)
 
-# Says in one line, before anything is installed, that a GPU target needs a GPU.
+# Says in one line, before anything is installed, that the GPU check needs a GPU (whatever other goals the
+# command line names: `make install gpu-check`).
 require-gpu:
-	@command -v nvidia-smi >/dev/null 2>&1 || { echo "make $(MAKECMDGOALS) needs an NVIDIA GPU (no nvidia-smi here); \
-	on a CPU, \`.venv/bin/python scripts/$(subst -,_,$(MAKECMDGOALS)).py --device cpu --tiny\` runs its smoke form" >&2; exit 2; }
+	@command -v nvidia-smi >/dev/null 2>&1 || { echo "make gpu-check needs an NVIDIA GPU (no nvidia-smi here); \
+	on a CPU, \`.venv/bin/python scripts/gpu_check.py --device cpu --tiny\` runs its smoke form" >&2; exit 2; }
 
 # The fused attention paths proven and timed on a GPU in one short run (docs/gpu_check.md): correctness
 # of every kernel path, long blocks, translation lengths; gpu-verify-output/report.md and results.json.

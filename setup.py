@@ -57,7 +57,7 @@ setup(
         "torch>=2.3",  # torch.compiler.is_compiling; scaled_dot_product_attention(scale=...)
     ],
     extras_require={"plugin": PLUGIN, "fairseq": PLUGIN + FAIRSEQ, "parse": PLUGIN + PARSE, "test": TEST,
-                    "hf": ["transformers>=5.0,<6"]},
+                    "hf": ["transformers>=5.0,<6", "accelerate>=1.1"]},
     entry_points={"console_scripts": [
         "posattn-prepare-translation = fairseq_posattn.cli.prepare_translation:main",
         "posattn-score = fairseq_posattn.cli.score:main",

@@ -113,6 +113,8 @@ class PositionTerms:
     where: str = "self-attention"
     #: the side the terms were built for is causal (None: not said)
     causal: Optional[bool] = None
+    #: t, the longest sequence the side takes (None: not said); the self-check's batch is no longer
+    max_positions: Optional[int] = None
 
     def add(self, term: nn.Module) -> None:
         """File ``term`` under its kind (at most one logit scaling, post-softmax transform, projection scaling
@@ -178,7 +180,7 @@ class PositionKernel(nn.Module):
         self.token_difference_terms = nn.ModuleList(terms.token_difference)
         self.row_term = terms.row_dependent
         self.kernel, self.self_check, self.where = terms.kernel, terms.self_check, terms.where
-        self.causal = terms.causal
+        self.causal, self.max_positions = terms.causal, terms.max_positions
         #: what the path depends on besides the call: the terms rescale the logits; an additive one learns
         self.rescales = self.scaling_term is not None or len(self.key_value_terms) > 0
         self.learned_bias = any(learns(term) for term in (*self.additive_terms, *self.token_difference_terms))
@@ -322,7 +324,7 @@ class PositionKernel(nn.Module):
         values = self.token_values(x, ctx, earlier) if self.token_difference_terms else []
 
         path, reason = self.path(need_weights, q.device, decoding=state is not None, kernel=kernel)
-        if path != EXPLICIT and not fused_path_agrees(self, path, ctx, q.dtype):
+        if path != EXPLICIT and not fused_path_agrees(self, path, ctx, computed_dtype(q)):
             path, reason = EXPLICIT, f"the {path} kernel failed its self-check here"
         self._log_path(path, reason)
         softmax = probs = rows = None
@@ -434,6 +436,15 @@ class PositionKernel(nn.Module):
             if term.values:
                 out.add_(term.value_output(dropped, ctx))
         return out, softmax, probs, rows
+
+def computed_dtype(q: Tensor) -> torch.dtype:
+    """The dtype the kernels multiply ``q`` in: under autocast (on ``q``'s device) fp32 is cast down to autocast's
+    dtype, which the self-check then compares in, with its tolerance."""
+    device = q.device.type
+    if q.dtype == torch.float32 and torch.is_autocast_enabled(device):
+        return torch.get_autocast_dtype(device)
+    return q.dtype
+
 
 def token_values_key(index: int) -> str:
     """The incremental-state key of the values of the layer's ``index``-th token-difference term (batch first,

@@ -103,8 +103,11 @@ def relative_error(got: Tensor, expected: Tensor) -> float:
 
 
 def check_lengths(attn: nn.Module) -> Tuple[int, ...]:
-    """:data:`CHECK_LENGTHS`, shortened to the fewest positions a term of ``attn`` was built for."""
+    """:data:`CHECK_LENGTHS`, shortened to the longest sequence the side of ``attn`` takes and to the fewest
+    positions a term of it was built for: the check costs no more than the model's own batches (a term that
+    computes a network on every pair of positions costs its length squared)."""
     limits = [term.max_positions for term in attn.score_terms() if term.max_positions is not None]
+    limits += [attn.max_positions] if getattr(attn, "max_positions", None) else []
     longest = min([CHECK_LENGTHS[0], *limits])
     return (longest, max(1, longest * CHECK_LENGTHS[1] // CHECK_LENGTHS[0]))
 

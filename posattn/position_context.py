@@ -98,14 +98,15 @@ class KeyPaddingBias(Preparation):
 
 
 @dataclass(frozen=True)
-class PaddedRowsSeePads(Preparation):
-    """``(batch, 1, tgt_len, src_len)`` bool, True at a padded key of a real query row (see
-    :meth:`PositionContext.key_padding_4d`)."""
+class LeadingPadsSeePads(Preparation):
+    """``(batch, 1, tgt_len, src_len)`` bool, True at a padded key, except in the rows of the pads before a
+    sequence's first token (see :meth:`PositionContext.key_padding_4d`)."""
 
     tgt_len: int
 
     def build(self, ctx: "PositionContext") -> Tensor:
-        return ctx.padding_mask[:, None, None, :] & ~ctx.query_padding_mask(self.tgt_len)[:, None, :, None]
+        tokens_so_far = (~ctx.padding_mask).cumsum(dim=1)[:, ctx.length - self.tgt_len:]  # (batch, tgt_len)
+        return ctx.padding_mask[:, None, None, :] & (tokens_so_far > 0)[:, None, :, None]
 
 
 @dataclass(frozen=True)
@@ -277,11 +278,12 @@ class PositionContext:
 
     def key_padding_4d(self, tgt_len: int) -> Tensor:
         """``(batch, 1, 1, length)`` bool, True at pads (the explicit kernel's mask; a view). On a causal side
-        whose token positions come from the mask (left padding possible), ``(batch, 1, tgt_len, length)``: a
-        padded query row is not kept from the pads, since before a left-padded sentence's first token it sees
-        nothing else, and a row of -inf alone would give NaN values and gradients; real rows are as before."""
+        whose token positions come from the mask (left padding possible), ``(batch, 1, tgt_len, length)``: the
+        query row of a pad before a sequence's first token is not kept from the pads, since it sees nothing else,
+        and a row of -inf alone would give NaN values and gradients; every other row, a later pad's too, sees the
+        tokens alone (as transformers' masks do)."""
         if self.causal and self.positions is not None:
-            return self.prepared(PaddedRowsSeePads(tgt_len))
+            return self.prepared(LeadingPadsSeePads(tgt_len))
         return self.padding_mask[:, None, None, :]
 
     @property

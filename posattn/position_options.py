@@ -168,7 +168,8 @@ class SidePositionOptions:
     def build_terms(self, layer_index: int, num_heads: int, head_dim: int) -> PositionTerms:
         """The position terms of layer ``layer_index`` (0-based) of this side."""
         terms = PositionTerms(kernel=self.attention_kernel, self_check=self.attention_self_check,
-                              where=f"{self.side} self-attention, layer {layer_index}", causal=self.causal)
+                              where=f"{self.side} self-attention, layer {layer_index}", causal=self.causal,
+                              max_positions=self.max_positions)
         layer = LayerSpec(layer_index, num_heads, head_dim, self.shared)
         for method in self.methods():
             for term in method.terms(self, layer):

@@ -15,6 +15,7 @@ This package, beside the library and on top of it, imports transformers (the ext
 needs torch alone. docs/huggingface.md says what works and what is refused.
 """
 
+import copy
 import json
 import logging
 import os
@@ -24,7 +25,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple, Type
 import torch
 from torch import Tensor, nn
 
-from posattn.attention import PositionKernel
+from posattn.attention import PositionKernel, token_values_key
 from posattn.errors import UserError
 from posattn.functional import batch_context
 from posattn.position_context import CausalMask, PositionContext
@@ -34,6 +35,7 @@ from posattn.position_options import SidePositionOptions, position_options, side
 try:
     import transformers
     from transformers import AttentionInterface, PreTrainedModel
+    from transformers.cache_utils import Cache, DynamicLayer
     from transformers.masking_utils import AttentionMaskInterface, bidirectional_mask_function, causal_mask_function
 except ImportError as error:  # pragma: no cover - the extra is not installed
     raise ImportError("posattn_huggingface needs transformers 5: pip install 'fairseq-posattn[hf]'") from error
@@ -46,6 +48,10 @@ IMPLEMENTATION = "posattn"
 CONFIG_RECORD = "posattn_position_method"
 #: the submodule of each self-attention module that holds its layer's method
 METHOD_ATTRIBUTE = "position_method"
+#: the keyword arguments by which the forward pre-hook hands the attention function the layer input (for
+#: token-difference terms), the layer's decoding state kept in the cache (:class:`DecodingStateLayer`) and whether
+#: the call returns the attention weights (``output_attentions``)
+LAYER_INPUT, DECODING_STATE, NEED_WEIGHTS = "posattn_layer_input", "posattn_decoding_state", "posattn_need_weights"
 
 
 class HuggingFaceRefusal(UserError, ValueError):
@@ -165,15 +171,15 @@ def _attach(model: PreTrainedModel, family: Family, record: Dict[str, Any]) -> N
     """Give every self-attention module its layer's method, register the functions, switch the model, turn off
     its positions where the method replaces them, and record the method in its configuration."""
     options = side_options(family, record["max_positions"], record["options"])
+    _own_config(model)
     attention_modules = [module for module in model.modules() if type(module).__name__ == family.attention_class]
     dropout = float(getattr(model.config, family.dropout_field, 0.0) or 0.0)
     methods = [_layer_method(model.config, options, index, dropout) for index in range(len(attention_modules))]
-    for method in methods:
-        refuse_unfit_kinds(method, family)
     for module, method in zip(attention_modules, methods):
         parameter = next(module.parameters())
         method.to(device=parameter.device, dtype=parameter.dtype).train(module.training)
         setattr(module, METHOD_ATTRIBUTE, method)
+        module.register_forward_pre_hook(pass_input_and_state, with_kwargs=True)
     register_functions()
     model.set_attn_implementation(IMPLEMENTATION)
     if options.needs_context() and not record["keep_model_positions"]:
@@ -181,6 +187,17 @@ def _attach(model: PreTrainedModel, family: Family, record: Dict[str, Any]) -> N
         logger.info("posattn: %s replaces the model's own positions: %s (keep them: keep_model_positions=True)",
                     _describe(record), turned_off)
     setattr(model.config, CONFIG_RECORD, record)
+
+
+def _own_config(model: PreTrainedModel) -> None:
+    """Give ``model`` (and its modules that hold it) a copy of its configuration: the switch changes it (the
+    attention implementation, the record), and another model built from the same configuration object must not
+    change with it."""
+    shared = model.config
+    own = copy.deepcopy(shared)
+    for module in model.modules():
+        if getattr(module, "config", None) is shared:
+            module.config = own
 
 
 def _head_dim(config: Any) -> int:
@@ -218,24 +235,97 @@ def side_options(family: Family, max_positions: int, options: Dict[str, Any]) ->
     return built
 
 
-def refuse_unfit_kinds(method: PositionKernel, family: Family) -> None:
-    """Refuse the kinds of term this front-end cannot run on ``family`` yet: a token-difference term reads the
-    layer input, which transformers does not hand the attention function; on a causal model, a post-softmax
-    transform and a row-dependent bias keep decoding state (rows, gates) that the Hugging Face cache does not
-    hold yet."""
-    if len(method.token_difference_terms):
-        raise HuggingFaceRefusal(f"{method.where}: a token-difference term reads the layer input, which "
-                                 "transformers does not pass to the attention function; not in "
-                                 "posattn_huggingface yet (the fairseq front-end and posattn.SelfAttention take it)")
-    if family.causal and (method.post_softmax_term is not None or method.row_term is not None):
-        raise HuggingFaceRefusal(f"{method.where}: a post-softmax transform or a row-dependent bias keeps decoding "
-                                 f"state that the Hugging Face cache does not hold yet: not on {family.name} for "
-                                 "now (BERT takes it; the fairseq front-end decodes with it)")
-
-
 def _describe(record: Dict[str, Any]) -> str:
     options = ", ".join(f"{name}={value!r}" for name, value in sorted(record["options"].items()))
     return f"position options ({options or 'none'})"
+
+
+# ----------------------------------------------------------------- the layer input and the decoding state
+def reads_layer_input(method: PositionKernel) -> bool:
+    """Whether the layer's method reads the attention module's input (a token-difference term: FoX's gates)."""
+    return len(method.token_difference_terms) > 0
+
+
+def keeps_decoding_state(method: PositionKernel) -> bool:
+    """Whether decoding with the method keeps more than the keys and values: the rows a post-softmax transform
+    continues from, the token-difference terms' values, the keys a query/key transform transformed (the cache
+    holds them untransformed)."""
+    return method.post_softmax_term is not None or reads_layer_input(method) or len(method.query_key_terms) > 0
+
+
+def pass_input_and_state(module: nn.Module, args: Tuple[Any, ...],
+                         kwargs: Dict[str, Any]) -> Tuple[Tuple[Any, ...], Dict[str, Any]]:
+    """The forward pre-hook of every switched self-attention module: its keyword arguments, which the module hands
+    on to the attention function, say whether the call returns the attention weights (:data:`NEED_WEIGHTS`: GPT-2's
+    module keeps ``output_attentions`` to itself) and, where the method needs them, get the layer input ``(batch,
+    length, hidden)`` (:data:`LAYER_INPUT`) and, with a cache, the layer's decoding state (:data:`DECODING_STATE`)."""
+    method = getattr(module, METHOD_ATTRIBUTE)
+    kwargs[NEED_WEIGHTS] = bool(kwargs.get("output_attentions"))
+    if reads_layer_input(method):
+        kwargs[LAYER_INPUT] = args[0] if args else kwargs["hidden_states"]
+    cache = kwargs.get("cache")
+    if cache is not None and keeps_decoding_state(method):
+        kwargs[DECODING_STATE] = decoding_state_layer(cache, module.layer_idx).state
+    return args, kwargs
+
+
+class DecodingStateLayer(DynamicLayer):
+    """A :class:`~transformers.cache_utils.DynamicLayer` that also holds the layer's decoding state beyond its
+    keys and values (``state``: the kernel's batch-first tensors, :mod:`posattn.attention`), reordered, repeated
+    and selected with them (beam search, contrastive search)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.state: Dict[str, Tensor] = {}
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        super().reorder_cache(beam_idx)
+        self.state = {name: t.index_select(0, beam_idx.to(t.device)) for name, t in self.state.items()}
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        super().batch_repeat_interleave(repeats)
+        self.state = {name: t.repeat_interleave(repeats, dim=0) for name, t in self.state.items()}
+
+    def batch_select_indices(self, indices: Tensor) -> None:
+        super().batch_select_indices(indices)
+        self.state = {name: t[indices, ...] for name, t in self.state.items()}
+
+    def crop(self, tokens_to_remove: int) -> None:
+        """Cut the last ``-tokens_to_remove`` tokens (assisted decoding): the transformed keys and the
+        token-difference terms' values are cut with the keys; a convolution's rows cannot be (refused)."""
+        if tokens_to_remove and "prev_attn_rows" in self.state:
+            raise HuggingFaceRefusal("a convolution's decoding state (its last attention rows) cannot be cut back to "
+                                     "fewer tokens: no assisted or speculative decoding with it (generate without "
+                                     "an assistant model)")
+        super().crop(tokens_to_remove)
+        if tokens_to_remove:
+            self.state = {name: t[:, :, :tokens_to_remove] if name == "prev_key" else t[..., :tokens_to_remove]
+                          for name, t in self.state.items()}
+
+    def reset(self) -> None:
+        super().reset()
+        self.state = {}
+
+
+def decoding_state_layer(cache: Cache, layer_idx: int) -> DecodingStateLayer:
+    """The cache's layer ``layer_idx`` as a :class:`DecodingStateLayer`: an empty ``DynamicLayer`` (the one
+    ``DynamicCache`` made, or none yet) is replaced by one; a layer of another kind, or one filled without the
+    method's state, is refused."""
+    layers = getattr(cache, "layers", None)
+    if layers is None or len(layers) < layer_idx:
+        raise HuggingFaceRefusal(f"a {type(cache).__name__} without its layers: posattn_huggingface decodes with "
+                                 "a DynamicCache (the default)")
+    if len(layers) == layer_idx:
+        layers.append(DecodingStateLayer())
+    layer = layers[layer_idx]
+    if isinstance(layer, DecodingStateLayer):
+        return layer
+    if type(layer) is not DynamicLayer or layer.get_seq_length():
+        raise HuggingFaceRefusal(f"the cache's layer {layer_idx} ({type(layer).__name__}, "
+                                 f"{layer.get_seq_length()} tokens) cannot hold the position method's decoding "
+                                 "state: decode with a DynamicCache (the default) that the model filled")
+    layers[layer_idx] = DecodingStateLayer()
+    return layers[layer_idx]
 
 
 # ----------------------------------------------------------------- the registered functions
@@ -281,7 +371,8 @@ def _causality(mask_function: Optional[Callable[..., Any]]) -> bool:
 
 
 def method_attention(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Any,
-                     scaling: Optional[float] = None, dropout: float = 0.0, **_: Any) -> Tuple[Tensor, None]:
+                     scaling: Optional[float] = None, dropout: float = 0.0,
+                     **kwargs: Any) -> Tuple[Tensor, Optional[Tensor]]:
     """The attention function: the layer's method on ``query`` over every key.
 
     Args:
@@ -293,9 +384,14 @@ def method_attention(module: nn.Module, query: Tensor, key: Tensor, value: Tenso
         scaling: the logits' scale (``head_dim ** -0.5``; GPT-2's may divide it by the layer's number), applied to
             ``query`` before the kernel, which takes ``q`` scaled.
         dropout: transformers' attention dropout; the method's own (the configuration's, in training) applies.
+        kwargs: from :func:`pass_input_and_state`: whether to return the weights (:data:`NEED_WEIGHTS`), the layer
+            input ``(batch, q_len, hidden)`` (:data:`LAYER_INPUT`) and the cache's decoding state of the layer
+            (:data:`DECODING_STATE`), read and updated.
 
     Returns:
-        ``((batch, q_len, heads, head_dim), None)``: the attention weights are not returned.
+        the output ``(batch, q_len, heads, head_dim)`` and, where ``output_attentions`` asks for them, the weights
+        that multiply V ``(batch, heads, q_len, kv_len)`` (after a post-softmax transform; the explicit path);
+        else None.
     """
     method = getattr(module, METHOD_ATTRIBUTE, None)
     if method is None:
@@ -311,23 +407,46 @@ def method_attention(module: nn.Module, query: Tensor, key: Tensor, value: Tenso
         key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
     tgt_len = query.size(2)
     past = key.size(2) - tgt_len
-    state = _past_keys(method, key[:, :, :past], value[:, :, :past], ctx) if past else None
+    kept: Optional[Dict[str, Tensor]] = kwargs.get(DECODING_STATE)
+    layer_input = kwargs.get(LAYER_INPUT)
+    x = None if layer_input is None else layer_input.transpose(0, 1)
     attn_mask = ctx.prepared(CausalMask(tgt_len, ctx.length, query.dtype)) if ctx.causal and tgt_len > 1 else None
     scale = query.size(-1) ** -0.5 if scaling is None else scaling
-    out, _, _ = method.attend(query * scale, key[:, :, past:], value[:, :, past:], ctx, attn_mask, state)
-    return out.transpose(1, 2).contiguous(), None
+    need_weights = bool(kwargs.get(NEED_WEIGHTS))
+    if kept is None:  # nothing kept beside the keys and values: every key as the cache joined them, joined once
+        state = {} if past else None
+        out, _, weights = method.attend(query * scale, key, value, ctx, attn_mask, state, x, need_weights=need_weights)
+        return out.transpose(1, 2).contiguous(), weights if need_weights else None
+    state = _decoding_state(method, key[:, :, :past], value[:, :, :past], kept)
+    out, _, weights = method.attend(query * scale, key[:, :, past:], value[:, :, past:], ctx, attn_mask, state, x,
+                                    need_weights=need_weights)
+    transformed_keys = len(method.query_key_terms) > 0
+    kept.update((name, tensor) for name, tensor in state.items()
+                if name != "prev_value" and (name != "prev_key" or transformed_keys))
+    return out.transpose(1, 2).contiguous(), weights if need_weights else None
 
 
-def _past_keys(method: PositionKernel, keys: Tensor, values: Tensor, ctx: PositionContext) -> Dict[str, Tensor]:
-    """The kernel's decoding state of the cached tokens: their keys, transformed again by the layer's query/key
-    transforms at their own positions (the cache holds them untransformed), and their values."""
-    if len(method.query_key_terms):
-        past = keys.size(2)
-        earlier = (batch_context(None, ctx.causal, past, keys.device) if ctx.positions is None
-                   else batch_context(ctx.padding_mask[:, :past], ctx.causal))
-        for term in method.query_key_terms:
-            _, keys = term(keys, keys, earlier)
-    return {"prev_key": keys, "prev_value": values}
+def _decoding_state(method: PositionKernel, keys: Tensor, values: Tensor,
+                    kept: Dict[str, Tensor]) -> Dict[str, Tensor]:
+    """The kernel's decoding state of this call: the state the cache keeps beside its keys and values (``kept``:
+    a query/key transform's keys transformed when they were the current ones, once) and the cached tokens' values
+    and (untransformed where no term transforms them) keys."""
+    state = dict(kept)
+    if keys.size(2):
+        missing = [name for name in _kept_names(method) if name not in state]
+        if missing:
+            raise HuggingFaceRefusal(f"{method.where}: the cache lacks the decoding state {', '.join(missing)} of its "
+                                     f"{keys.size(2)} tokens (filled without the position method)")
+        state.setdefault("prev_key", keys)
+        state["prev_value"] = values
+    return state
+
+
+def _kept_names(method: PositionKernel) -> List[str]:
+    """The names of the decoding state a cache keeps for ``method`` beside its keys and values."""
+    names = ["prev_attn_rows"] if method.post_softmax_term is not None else []
+    names += ["prev_key"] if len(method.query_key_terms) else []
+    return names + [token_values_key(i) for i in range(len(method.token_difference_terms))]
 
 
 # ----------------------------------------------------------------- loading

@@ -1,7 +1,9 @@
 """scripts/posattn_benchmark runs end to end at tiny sizes: every kind of group (translation with
-structural side data and beam search, language model), the target check and the section of
-docs/benchmark.md it regenerates (`--readme`). Nothing here asserts a timing: the numbers come from `make benchmark`."""
+structural side data and beam search, language model, the Hugging Face Llama), the target check and the section
+of docs/benchmark.md it regenerates (`--readme`). Nothing here asserts a timing: the numbers come from `make
+benchmark` (and docs/benchmark.md's Hugging Face section)."""
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -11,8 +13,11 @@ import pytest
 from posattn.position_terms.catalogue import variant_flags
 from posattn.position_terms.registry import REGISTRY
 from posattn_benchmark.cli import parse_cli  # scripts/ is on pytest's pythonpath (pyproject.toml)
+from posattn_benchmark.groups import build_groups
+from posattn_benchmark.report import huggingface_lines, target_lines
 from posattn_benchmark.variants import (
-    DECODER_SPEED, POSATTN_LM_ARCH, TARGETS, TARGETS_BY_KIND, VARIANT_TARGETS, VARIANTS_BY_NAME, Target,
+    DECODER_SPEED, HUGGINGFACE_OPTIONS, HUGGINGFACE_SPEED, LLAMA_ARCH, POSATTN_LM_ARCH, TARGETS, TARGETS_BY_KIND,
+    VARIANT_TARGETS, VARIANTS_BY_NAME, Target,
 )
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -29,9 +34,9 @@ def test_report_of_every_group_kind_replaces_the_readme_section(tmp_path):
     readme = tmp_path / "page.md"
     readme.write_text(f"# Project\n\n## Benchmark\n\nprose\n\n{START}\nold table\n{END}\n\n## Next\n")
     output = tmp_path / "benchmark.md"
-    command = [sys.executable, SCRIPT, *TINY, "--variants", "struct-rel", "lm-conv-1d",
-               "--decode-variants", "struct-rel", "lm-conv-1d", "--lm", "--skip-prepare",
-               "--output", str(output), "--readme", str(readme)]
+    command = [sys.executable, SCRIPT, *TINY, "--variants", "struct-rel", "lm-conv-1d", "hf-t5-bias",
+               "--decode-variants", "struct-rel", "lm-conv-1d", "hf-t5-bias", "--lm", "--huggingface",
+               "--hf-layers", "1", "--skip-prepare", "--output", str(output), "--readme", str(readme)]
     completed = subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=600)
     assert completed.returncode == 0, completed.stderr[-3000:]
     report = output.read_text()
@@ -59,13 +64,40 @@ def test_report_of_every_group_kind_replaces_the_readme_section(tmp_path):
     decoded = [row for row in decode_table.splitlines() if row.startswith("| +Conv")]
     assert len(decoded) == 2 and "| >= 0.90: " in decoded[0] and "| >= 0.75: " in decoded[1], decode_table
     assert decoded[1] in greedy
+    huggingface = report.split("**Hugging Face Llama, sentences of 20-24**")[1].split("**Targets**")[0]
+    if importlib.util.find_spec("transformers") is None:
+        assert "Skipped: transformers is not installed" in huggingface
+    else:  # the reference, and T5 trained and generating (or refused by the front-end, with its reason)
+        assert '| Llama (transformers, SDPA, its RoPE) | not switched (`attn_implementation="sdpa"`) |' in huggingface
+        t5 = next(row for row in huggingface.splitlines() if row.startswith("| T5 relative bias |"))
+        assert "| <= 1.05 / >= 0.90: " in t5 or "not in the Hugging Face front-end: " in t5, t5
     text = readme.read_text()
     assert "old table" not in text and text.startswith("# Project\n\n## Benchmark\n\nprose\n\n" + START + "\n- Run: ended ")
     assert text.endswith(f"{END}\n\n## Next\n")
     assert report.split("\n", 2)[2] in text  # the report without its title
 
 
-def test_readme_without_the_markers_is_refused_before_measuring(tmp_path):
+def test_the_hugging_face_group_lists_the_refused_methods_and_is_skipped_without_transformers(monkeypatch):
+    cli = parse_cli(["--skip-short", "--huggingface", "--cpu"])
+    group = build_groups(cli)[0]
+    reference, t5, conv = group.reference, VARIANTS_BY_NAME["hf-t5-bias"], VARIANTS_BY_NAME["hf-conv-1d"]
+    group.timing = {reference.name: [100.0, 100.0, 100.0], t5.name: [103.0, 108.0, 120.0]}
+    group.decoding, group.decode_sentences = {reference.name: [50.0], t5.name: [60.0]}, [16]
+    group.refused = {conv.name: "decoder layer 0: not on Llama for now"}
+    table, _ = huggingface_lines(group, [t5, conv], [t5, conv], 20)
+    assert ("| T5 relative bias | `t5_relative_bias=8, t5_max_distance=16` | 108 | 1.08 | 5333 | 0.83 "
+            "| <= 1.05 / >= 0.90: MISSED (time, speed) |") in table
+    assert ("| +Conv | `conv_attention='1d'` | not in the Hugging Face front-end: decoder layer 0: not on Llama for "
+            "now | | | | |") in table
+    assert target_lines([group], None)[0] == "- Ratios: 0 of 2 targets met (the target columns above)."
+
+    monkeypatch.setitem(sys.modules, "transformers", None)  # as if not installed: find_spec finds nothing
+    skipped = build_groups(cli)[0]
+    assert huggingface_lines(skipped, [t5], [t5], 20)[0][-1] == (
+        "Skipped: transformers is not installed (the extra hf: pip install '.[hf]').")
+
+
+def test_readme_without_the_markers_or_heads_that_do_not_divide_the_width_are_refused_before_measuring(tmp_path):
     readme = tmp_path / "page.md"
     readme.write_text("# Project\n")
     completed = subprocess.run([sys.executable, SCRIPT, "--readme", str(readme)], capture_output=True,
@@ -73,6 +105,10 @@ def test_readme_without_the_markers_is_refused_before_measuring(tmp_path):
     assert completed.returncode == 2
     assert f"page.md: needs exactly one line {START!r} and one line {END!r}" in completed.stderr
     assert readme.read_text() == "# Project\n"
+    completed = subprocess.run([sys.executable, SCRIPT, "--embed-dim", "30", "--heads", "4"], capture_output=True,
+                               text=True, cwd=REPO, timeout=120)
+    assert completed.returncode == 2 and completed.stderr.splitlines()[-1] == (
+        "posattn_benchmark: error: --embed-dim 30 is not divisible by --heads 4: every model would refuse it")
 
 
 def test_every_registered_variant_is_benchmarked_with_its_methods_target():
@@ -90,4 +126,8 @@ def test_every_registered_variant_is_benchmarked_with_its_methods_target():
                 lm_row = VARIANTS_BY_NAME[f"lm-{name}"]
                 assert lm_row.arch == POSATTN_LM_ARCH and lm_row.flags == tuple(variant_flags("decoder", values))
                 assert TARGETS[lm_row.name] == target, lm_row.name
+        if "decoder" in method.sides:  # a causal model's method: a Hugging Face row, tried on a Llama
+            hf_row = VARIANTS_BY_NAME[f"hf-{name}"]
+            assert hf_row.arch == LLAMA_ARCH and HUGGINGFACE_OPTIONS[hf_row.name] == values
+            assert TARGETS[hf_row.name] == Target(time=target.time, speed=HUGGINGFACE_SPEED), hf_row.name
     assert parse_cli(["--variants", *VARIANTS_BY_NAME, "--cpu"]).variants == list(VARIANTS_BY_NAME)

@@ -2,7 +2,8 @@
 with torch, then ``pip install`` of a clean copy of the working tree without an extra installs that one
 distribution and compiles nothing; the installed ``posattn`` runs the README's example and the library's tests
 (``tests/test_core.py``, without the suite's conftest, which imports the fairseq front-end), and the fairseq
-front-end says in one line what it needs."""
+front-end says in one line what it needs. Then ``pip install ".[hf]"`` in the same environment (no fairseq) runs
+the README's Hugging Face example."""
 
 import re
 import shutil
@@ -10,6 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import List
 
 import pytest
 
@@ -20,11 +22,10 @@ from test_packaging import tracked_files
 TORCH = re.search(r"^torch==\S+", (Path(REPO) / "requirements" / "build.txt").read_text(), re.M).group(0)
 
 
-def readme_example() -> str:
-    """The Python block of the README's section "Without fairseq"."""
+def readme_example(section: str) -> str:
+    """The first Python block of the README's ``section`` (its heading)."""
     readme = (Path(REPO) / "README.md").read_text(encoding="utf-8")
-    section = readme[readme.index("### Without fairseq"):]
-    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    return re.search(r"```python\n(.*?)```", readme[readme.index(section):], re.S).group(1)
 
 
 def frozen(python: Path) -> set:
@@ -32,18 +33,31 @@ def frozen(python: Path) -> set:
     return set(listing.stdout.splitlines())
 
 
-@pytest.mark.slow
-def test_pip_install_beside_torch_alone_adds_one_distribution_and_runs_the_readme_and_the_library_tests(tmp_path):
+def pip_of(python: Path) -> List[str]:
+    """pip of the environment whose interpreter is ``python``, quiet."""
+    return [str(python), "-m", "pip", "--disable-pip-version-check", "-q"]
+
+
+@pytest.fixture(scope="module")
+def environment(tmp_path_factory) -> Path:
+    """A fresh virtualenv with the pinned torch alone; its folder holds ``env/`` and ``source/``, a clean copy of
+    the tracked files."""
+    tmp_path = tmp_path_factory.mktemp("core-install")
     env, source = tmp_path / "env", tmp_path / "source"
     subprocess.run([sys.executable, "-m", "venv", str(env)], check=True)
-    python = env / "bin" / "python"
-    pip = [str(python), "-m", "pip", "--disable-pip-version-check", "-q"]
-    subprocess.run([*pip, "install", TORCH], check=True, timeout=900)
-    before = frozen(python)
+    subprocess.run([*pip_of(env / "bin" / "python"), "install", TORCH], check=True, timeout=900)
     for name in tracked_files():
         (source / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(Path(REPO) / name, source / name)
+    return tmp_path
 
+
+@pytest.mark.slow
+def test_pip_install_beside_torch_alone_adds_one_distribution_and_runs_the_readme_and_the_library_tests(environment):
+    tmp_path, source, env = environment, environment / "source", environment / "env"
+    python = env / "bin" / "python"
+    pip = pip_of(python)
+    before = frozen(python)
     start = time.perf_counter()
     install = subprocess.run([*pip, "install", "-v", str(source)], capture_output=True, text=True, timeout=900)
     seconds = time.perf_counter() - start
@@ -53,7 +67,8 @@ def test_pip_install_beside_torch_alone_adds_one_distribution_and_runs_the_readm
     assert not re.search(r"\b(gcc|g\+\+|c\+\+|nvcc|building extension)\b", install.stdout, re.I), "compiled"
     print(f"pip install of the tree beside torch: {seconds:.1f} s")
 
-    example = subprocess.run([str(python), "-P", "-c", readme_example() + "\nprint(posattn.__file__)"],
+    code = readme_example("### Without fairseq") + "\nprint(posattn.__file__)"
+    example = subprocess.run([str(python), "-P", "-c", code],
                              cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert example.returncode == 0, example.stderr[-3000:]
     assert example.stdout.strip().startswith(str(env))  # the installed library, not the clone's
@@ -70,3 +85,18 @@ def test_pip_install_beside_torch_alone_adds_one_distribution_and_runs_the_readm
     assert re.search(r"\d+ passed", summary) and "failed" not in summary, summary
     skipped = [line for line in tests.stdout.splitlines() if line.startswith("SKIPPED")]
     assert all("fairseq" in line for line in skipped), skipped
+
+
+@pytest.mark.slow
+def test_the_hf_extra_without_fairseq_runs_the_readmes_hugging_face_example(environment):
+    python = environment / "env" / "bin" / "python"
+    constraints = Path(REPO) / "requirements" / "runtime.txt"  # transformers as the project pins it
+    install = subprocess.run([*pip_of(python), "install", "-c", str(constraints), f"{environment / 'source'}[hf]"],
+                             capture_output=True, text=True, timeout=900)
+    assert install.returncode == 0, install.stderr[-3000:]
+    installed = {re.split("[=@ ]", line)[0] for line in frozen(python)}
+    assert "transformers" in installed and not installed & {"fairseq", "fairseq-fixed"}, installed
+    example = subprocess.run([str(python), "-P", "-c", readme_example("### In Hugging Face models")],
+                             cwd=environment, capture_output=True, text=True, timeout=600)
+    assert example.returncode == 0, example.stderr[-3000:]
+    assert (environment / "llama-t5" / "config.json").is_file()

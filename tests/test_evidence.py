@@ -14,6 +14,7 @@ import math
 import os
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -481,6 +482,84 @@ def test_a_run_trained_under_another_budget_is_not_finished(tmp_path):
     evidence.remove_final_artifacts(new)
     assert not new.train_log.exists() and not any(path.exists() for path in evaluations)
     assert (logs / "train.tf_vanilla.log.attempt1").read_text(encoding="utf-8") == trained
+
+
+def evidence(action: str, env: Dict[str, str]) -> subprocess.CompletedProcess:
+    """``bash examples/evidence/run.sh ACTION`` (the runner's entry point; ``evidence.py record`` for ``record``,
+    which the runner does at its start) with ``env`` over this environment."""
+    command = ([sys.executable, str(EVIDENCE / "evidence.py")] if action == "record" else
+               ["bash", str(EVIDENCE / "run.sh")])
+    return subprocess.run([*command, action], env={**os.environ, **env}, cwd=REPO, capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_a_training_killed_after_its_start_is_not_finished_whatever_its_recipe_left(tmp_path):
+    """Two length-extrapolation runs whose folders hold every evaluation and results.json, and a training log that
+    shows the plan's budget (printed at the training's start): the one whose training was killed at update 66 of
+    300 (no "done training") is not finished, and ``record`` (what the runner does at its start) records only
+    the other one."""
+    env = {"EVIDENCE_OUT": str(tmp_path / "out"), "EVIDENCE_RECORDS": str(tmp_path / "records"),
+           "TASKS": "extrapolation", "EXTRAPOLATION_SYSTEMS": "alibi", "EXTRAPOLATION_SEEDS": "1 2",
+           "EXTRAPOLATION_MULTIPLIERS": "1", "EXTRAPOLATION_MAX_UPDATE": "300", "PTB_DIR": PTB_SAMPLE}
+    killed, done = [r for r in plan.build_plan(plan.Settings.from_env(env)) if r.seed]
+    started = ("2026-11-28 09:00:00 | INFO | fairseq_cli.train | {'optimization': {'_name': None, 'max_epoch': 0, "
+               "'max_update': 300, 'stop_time_hours': 0.0}}\n2026-11-28 09:00:09 | INFO | train_inner | epoch 001:"
+               "     66 / 2071 loss=9.5, ppl=724.1, num_updates=66, lr=0.00066, train_wall=8, wall=9\n")
+    for run, log in ((killed, started), (done, started + "2026-11-28 09:01:00 | INFO | fairseq_cli.train | "
+                                                    "done training in 52.0 seconds\n")):
+        run.train_log.parent.mkdir(parents=True)
+        run.train_log.write_text(log + "wall_seconds 60.5\n", encoding="utf-8")
+        for path, _ in run.done_when[:2]:
+            path.write_text("| Evaluated 4,722 tokens in 1.0s\n| Loss (base 2): 9.0, Perplexity: 512.0\n"
+                            "wall_seconds 5.2\nexit_status 0\n", encoding="utf-8")
+        (run.out_dir / "results.json").write_text("[]\n", encoding="utf-8")
+    assert not killed.finished() and done.finished()
+    recorded = evidence("record", env)
+    assert recorded.returncode == 0, recorded.stdout[-2000:] + recorded.stderr[-2000:]
+    assert f"recorded {done.id} " in recorded.stdout and killed.id not in recorded.stdout
+    assert sorted(p.name for p in (tmp_path / "records" / "extrapolation" / "alibi").iterdir()) == ["seed2"]
+
+
+def test_a_damaged_manifest_or_record_is_one_line_naming_it_and_what_to_do(tmp_path):
+    """A manifest, a record's run.json and its results.json cut short (a full disk, a machine gone while they were
+    written, a bad merge): ``run.sh status``, ``run.sh plan`` and results.py each stop in one line naming the file
+    and what to do, with status 1; the manifest deleted as it says, status works again."""
+    records, out = tmp_path / "records", tmp_path / "out"
+    env = {"EVIDENCE_OUT": str(out), "EVIDENCE_RECORDS": str(records), "TASKS": "classification",
+           "CLASSIFICATION_SYSTEMS": "vanilla", "CLASSIFICATION_SEEDS": "1"}
+    out.mkdir()
+    (out / "manifest.json").write_text('{"runs": {"classification/vanilla/seed1": {"status": "fin', encoding="utf-8")
+    status = evidence("status", env)
+    assert status.returncode == 1 and len(status.stderr.splitlines()) == 1, status.stderr
+    assert status.stderr.startswith(f"evidence.py: error: {out / 'manifest.json'} is cut short or damaged (not valid "
+                                    "JSON: Unterminated string starting at: line 1 column 54")
+    assert status.stderr.rstrip().endswith("delete it: the next command rebuilds it from the records and the runs' "
+                                           "folders (only the attempts of runs not yet recorded are forgotten)")
+    (out / "manifest.json").unlink()
+    assert evidence("status", env).returncode == 0
+
+    run_json = records / "classification" / "vanilla" / "seed1" / "run.json"
+    run_json.parent.mkdir(parents=True)
+    run_json.write_text('{"budget": "434 upd', encoding="utf-8")
+    planned = evidence("plan", env)
+    assert planned.returncode == 1 and len(planned.stderr.splitlines()) == 1, planned.stderr
+    assert f"error: {run_json} is cut short or damaged (not valid JSON: " in planned.stderr
+    assert planned.stderr.rstrip().endswith(f"restore it from git (git checkout -- {run_json.parent}), or delete the "
+                                            f"record {run_json.parent} to run it again")
+
+    env.update(TASKS="extrapolation", EXTRAPOLATION_SYSTEMS="alibi", EXTRAPOLATION_SEEDS="1")
+    run, = [r for r in plan.build_plan(plan.Settings.from_env(env)) if r.seed]
+    folder = records / run.id
+    folder.mkdir(parents=True)
+    (folder / "run.json").write_text(json.dumps({"id": run.id, "budget": run.budget, "seconds": 1.0}), encoding="utf-8")
+    (folder / "results.json").write_text('[{"method": "alibi", "seed": "1", "mode": "nonoverl', encoding="utf-8")
+    shutil.rmtree(records / "classification")
+    page = subprocess.run([sys.executable, str(EVIDENCE / "results.py"), "--output", str(tmp_path / "page.md")],
+                          env={**os.environ, **env}, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert page.returncode == 1 and "Traceback" not in page.stderr, page.stderr
+    assert page.stderr.splitlines()[-1].startswith(f"results.py: error: {folder / 'results.json'} is cut short or "
+                                                   "damaged (not valid JSON: ")
+    assert not (tmp_path / "page.md").exists()
 
 
 @pytest.mark.slow

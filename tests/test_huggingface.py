@@ -8,7 +8,7 @@ cache equals it without and the full forward; a saved model loads with its metho
 
 import copy
 import json
-from typing import Any, Callable, Dict
+from typing import Dict
 
 import pytest
 import torch
@@ -17,59 +17,8 @@ transformers = pytest.importorskip("transformers", reason="transformers is not i
 
 import posattn  # noqa: E402
 import posattn_huggingface as hf  # noqa: E402
-
-VOCAB = 100
-#: the methods checked on every model type that takes them (position_options' names)
-METHODS: Dict[str, Dict[str, Any]] = {
-    "alibi": {"alibi": True},
-    "t5-bias": {"t5_relative_bias": 8, "t5_max_distance": 16},
-    "kerple-log": {"kerple": "log"},
-    "direct-relative": {"direct_position": "relative"},
-    "distance-aware": {"distance_aware": True},
-}
-#: the methods generation is checked with: additive biases and query/key transforms (the cached keys transformed
-#: again at their positions)
-DECODING_METHODS = {name: METHODS[name] for name in ("alibi", "t5-bias")} | {"rotary": {"rotary": True},
-                                                                              "xpos": {"xpos": True}}
-
-
-def llama() -> Any:
-    config = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                                      bos_token_id=None, eos_token_id=None)  # generation runs its full length
-    return transformers.LlamaForCausalLM(config)
-
-
-def gpt2() -> Any:
-    config = transformers.GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=64,
-                                     bos_token_id=None, eos_token_id=None)
-    return transformers.GPT2LMHeadModel(config)
-
-
-def bert() -> Any:
-    config = transformers.BertConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                     num_attention_heads=4, max_position_embeddings=64)
-    return transformers.BertModel(config)
-
-
-MODELS: Dict[str, Callable[[], Any]] = {"llama": llama, "gpt2": gpt2, "bert": bert}
-DECODERS = ("llama", "gpt2")
-
-
-def built(kind: str, seed: int = 0, attn_implementation: str = "sdpa") -> Any:
-    torch.manual_seed(seed)
-    model = MODELS[kind]().double().eval()
-    model.set_attn_implementation(attn_implementation)
-    return model
-
-
-def switched(kind: str, seed: int = 0, **options: Any) -> Any:
-    return hf.apply_position_method(built(kind, seed), **options)
-
-
-def output(model: Any, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    result = model(input_ids=ids, attention_mask=mask)
-    return result.logits if hasattr(result, "logits") else result.last_hidden_state
+from huggingface_helpers import (DECODERS, DECODING_METHODS, METHODS, MODELS, STATEFUL_METHODS, VOCAB,  # noqa: E402
+                                 bert, built, output, switched)
 
 
 def padded_batch(side: str, length: int = 8) -> Dict[str, torch.Tensor]:
@@ -88,7 +37,9 @@ def padded_batch(side: str, length: int = 8) -> Dict[str, torch.Tensor]:
 @pytest.mark.parametrize("implementation", ["eager", "sdpa"])
 @pytest.mark.parametrize("side", ["left", "right"])
 def test_with_no_method_the_switched_model_computes_what_transformers_computes(kind, implementation, side):
-    """Equal to fp64 rounding; transformers' eager attention takes its softmax in fp32 (Llama's: to its rounding)."""
+    """Equal to fp64 rounding; transformers' eager attention takes its softmax in fp32 (Llama's: to its rounding).
+    At every token, and at the pads after a sequence (left: the pads before it see no token, and no mask agrees on
+    what they compute)."""
     if (kind, implementation, side) == ("llama", "eager", "left"):
         pytest.skip("transformers' eager Llama gives NaN for every token of a left-padded sequence in a forward pass "
                     "(its fully masked padded rows)")
@@ -97,9 +48,9 @@ def test_with_no_method_the_switched_model_computes_what_transformers_computes(k
     expected = output(model, batch["ids"], batch["mask"])
     hf.apply_position_method(model)
     assert model.config._attn_implementation == hf.IMPLEMENTATION
-    real = batch["mask"].bool()
+    compared = batch["mask"].bool() if side == "left" else torch.ones_like(batch["mask"], dtype=torch.bool)
     tolerance = 1e-6 if (kind, implementation) == ("llama", "eager") else 1e-12
-    torch.testing.assert_close(output(model, batch["ids"], batch["mask"])[real], expected[real], rtol=0,
+    torch.testing.assert_close(output(model, batch["ids"], batch["mask"])[compared], expected[compared], rtol=0,
                                atol=tolerance)
 
 
@@ -124,10 +75,15 @@ def test_every_layer_holds_its_method_built_from_one_side(kind):
     assert any("position_method" in name for name in model.state_dict())
 
 
-@pytest.mark.parametrize("kind", DECODERS)
-@pytest.mark.parametrize("method", METHODS)
+#: (model, method) of the checks on every method a model takes: the common ones, and on decoders the stateful ones
+CASES = [(kind, method) for kind in MODELS for method in METHODS] + [
+    (kind, method) for kind in DECODERS for method in STATEFUL_METHODS]
+OPTIONS = METHODS | STATEFUL_METHODS
+
+
+@pytest.mark.parametrize("kind, method", [(kind, method) for kind, method in CASES if kind in DECODERS])
 def test_a_decoder_with_a_method_is_causal(kind, method):
-    model = switched(kind, **METHODS[method])
+    model = switched(kind, **OPTIONS[method])
     ids = torch.randint(1, VOCAB, (2, 9), generator=torch.Generator().manual_seed(2))
     changed = ids.clone()
     changed[:, 6:] = (changed[:, 6:] + 1) % VOCAB
@@ -135,10 +91,9 @@ def test_a_decoder_with_a_method_is_causal(kind, method):
     torch.testing.assert_close(output(model, changed, mask)[:, :6], output(model, ids, mask)[:, :6], rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("kind", MODELS)
-@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("kind, method", CASES)
 def test_a_method_is_invariant_to_padding(kind, method):
-    model = switched(kind, **METHODS[method])
+    model = switched(kind, **OPTIONS[method])
     side = "left" if kind in DECODERS else "right"
     batch = padded_batch(side)
     padded = output(model, batch["ids"], batch["mask"])
@@ -162,6 +117,60 @@ def test_the_attention_function_is_position_attention(kind, method):
     expected = posattn.position_attention(q, k, v, module.position_method, padding_mask=~mask, causal=causal)
     assert weights is None
     torch.testing.assert_close(got[mask], expected.transpose(1, 2)[mask], rtol=0, atol=1e-12)
+
+
+def test_the_layer_input_reaches_a_token_difference_term():
+    """FoX's gates read the attention module's input, which a forward pre-hook hands the attention function: a
+    switched Llama's layer equals ``posattn.position_attention`` given that input."""
+    model = switched("llama", forget_gate=True)
+    module = model.model.layers[0].self_attn
+    batch = padded_batch("left")
+    captured = {}
+    hooks = [module.register_forward_pre_hook(lambda _, args, kwargs: captured.update(kwargs), with_kwargs=True),
+             module.register_forward_hook(lambda _, args, kwargs, out: captured.update(out=out[0]), with_kwargs=True)]
+    output(model, batch["ids"], batch["mask"])
+    for hook in hooks:
+        hook.remove()
+    x, mask = captured["hidden_states"], batch["mask"].bool()
+    shape = (*x.shape[:2], -1, 8)
+    q, k, v = (projection(x).view(shape).transpose(1, 2) for projection in (module.q_proj, module.k_proj,
+                                                                            module.v_proj))
+    k, v = (t.repeat_interleave(2, dim=1) for t in (k, v))
+    expected = posattn.position_attention(q, k, v, module.position_method, padding_mask=~mask, causal=True, x=x)
+    expected = module.o_proj(expected.transpose(1, 2).reshape(*x.shape[:2], -1))
+    torch.testing.assert_close(captured["out"][mask], expected[mask], rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("kind", ["llama", "bert"])
+def test_output_attentions_returns_the_weights_that_multiply_v(kind):
+    """Per layer ``(batch, heads, queries, keys)``: the explicit path's weights, after the 2d convolution (BERT) or
+    the rows of a causal softmax (Llama); a call without them is not changed."""
+    options = {"conv_attention": "2d"} if kind == "bert" else {"alibi": True}
+    model = switched(kind, **options)
+    batch = padded_batch("left" if kind in DECODERS else "right")
+    with torch.no_grad():
+        out = model(batch["ids"], attention_mask=batch["mask"], output_attentions=True)
+    plain = output(model, batch["ids"], batch["mask"])
+    hidden = out.logits if kind in DECODERS else out.last_hidden_state
+    torch.testing.assert_close(hidden, plain, rtol=0, atol=0)
+    weights, real = out.attentions[0], batch["mask"].bool()
+    assert len(out.attentions) == 2 and weights.shape == (3, 4, 8, 8)
+    on_pads = (weights * ~real[:, None, None, :]).sum(-1).transpose(1, 2)[real]
+    assert torch.all(on_pads == 0)  # a token's weights on the pads (the convolution's included)
+    if kind == "llama":
+        rows = weights.sum(-1).transpose(1, 2)[real]
+        torch.testing.assert_close(rows, torch.ones_like(rows), rtol=0, atol=1e-12)
+        assert torch.all(weights.triu(diagonal=1) == 0)
+
+
+def test_a_configuration_shared_by_two_models_switches_one():
+    config = transformers.GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4)
+    first = hf.apply_position_method(transformers.GPT2LMHeadModel(config), alibi=True)
+    second = transformers.GPT2LMHeadModel(config)
+    assert first.config is not config and first.transformer.h[0].attn.config is first.config
+    assert config._attn_implementation != hf.IMPLEMENTATION and not hasattr(config, hf.CONFIG_RECORD)
+    second(torch.tensor([[1, 2, 3]]))
+    hf.apply_position_method(second, t5_relative_bias=8)
 
 
 @pytest.mark.parametrize("kind", MODELS)
@@ -199,6 +208,42 @@ def test_generation_with_the_cache_equals_generation_without_it_and_the_full_for
     assert torch.equal(predicted, cached[:, 6:])
 
 
+def test_the_decoding_state_is_kept_in_the_cache_and_refused_where_it_cannot_be(tmp_path):
+    """A method whose decoding keeps state turns the cache's layers into DecodingStateLayers that hold it (batch
+    first, reordered with the keys); cutting it back (assisted decoding) and a cache filled without it are refused."""
+    model = switched("llama", conv_attention="2d")
+    batch = padded_batch("left", length=6)
+    cache = transformers.DynamicCache(config=model.config)
+    model(batch["ids"], attention_mask=batch["mask"], cache=cache, use_cache=True)
+    assert all(isinstance(layer, hf.DecodingStateLayer) and set(layer.state) == {"prev_attn_rows"}
+               for layer in cache.layers)
+    rows = cache.layers[0].state["prev_attn_rows"]
+    cache.reorder_cache(torch.tensor([2, 0, 1]))
+    assert torch.equal(cache.layers[0].state["prev_attn_rows"], rows[[2, 0, 1]])
+    with pytest.raises(hf.HuggingFaceRefusal, match="no assisted or speculative decoding"):
+        cache.crop(-1)
+    filled = transformers.DynamicCache(config=model.config)
+    built("llama")(batch["ids"], attention_mask=batch["mask"], cache=filled, use_cache=True)
+    with pytest.raises(hf.HuggingFaceRefusal, match="cannot hold the position method's decoding state"):
+        model(batch["ids"][:, :1], attention_mask=torch.ones(3, 7, dtype=torch.long), cache=filled, use_cache=True)
+
+
+def test_a_cut_cache_keeps_the_transformed_keys_and_continues_as_the_full_forward():
+    """Assisted decoding cuts the cache back (``crop``): a rotation's transformed keys, kept in the cache, are cut
+    with the keys, and the next step equals the full forward of the tokens kept."""
+    model = switched("llama", rotary=True)
+    batch = padded_batch("left", length=6)
+    cache = transformers.DynamicCache(config=model.config)
+    model(batch["ids"], attention_mask=batch["mask"], cache=cache, use_cache=True)
+    cache.crop(-2)
+    assert cache.get_seq_length() == 4 and cache.layers[0].state["prev_key"].size(2) == 4
+    with torch.no_grad():
+        step = model(batch["ids"][:, 4:5], attention_mask=batch["mask"][:, :5], cache=cache, use_cache=True).logits
+    real = batch["mask"][:, 4].bool()
+    full = output(model, batch["ids"][:, :5], batch["mask"][:, :5])[:, -1]
+    torch.testing.assert_close(step[real, -1], full[real], rtol=0, atol=1e-12)
+
+
 # ----------------------------------------------------------------- (d) saving, loading, refusals
 @pytest.mark.parametrize("kind, method", [("llama", "t5-bias"), ("gpt2", "kerple-log"), ("bert", "distance-aware")])
 def test_a_saved_model_loads_with_its_method_and_the_same_outputs(kind, method, tmp_path):
@@ -233,9 +278,6 @@ def test_loading_as_another_method_or_without_one_is_refused(tmp_path):
     ("bert", {"cope": 64}, "an option of causal models only"),
     ("bert", {"forget_gate": True}, "an option of causal models only"),
     ("gpt2", {"no_such_option": 1}, "no position option no_such_option"),
-    ("gpt2", {"conv_attention": "2d"}, "post-softmax transform or a row-dependent bias"),
-    ("llama", {"cope": 64}, "post-softmax transform or a row-dependent bias"),
-    ("llama", {"forget_gate": True}, "token-difference term"),
     ("llama", {"kerple": "cubic"}, "must be one of"),
 ])
 def test_a_method_that_does_not_fit_is_refused_in_one_line(kind, options, message):

@@ -61,6 +61,15 @@ CLASSIFIER = ["--task", "sentence_prediction", "--criterion", "sentence_predicti
               "--encoder-embed-dim", "16", "--encoder-ffn-embed-dim", "32", "--encoder-attention-heads", "2",
               "--batch-size", "32"]
 SETUP = ["--max-update", "2", "--disable-validation"]
+LM = ["--task", "language_modeling", "--arch", "transformer_lm_posattn", "--decoder-layers", "1",
+      "--decoder-embed-dim", "16", "--decoder-ffn-embed-dim", "32", "--decoder-attention-heads", "2",
+      "--tokens-per-sample", "16", "--batch-size", "16"]
+NO_POSITIONS = ["--no-token-positional-embeddings"]
+#: the language models whose method is fine-tuned into another (``--decoder-reset-position-options``)
+LM_METHODS = {"sinusoidal": [], "cope8": ["--decoder-cope", "8", *NO_POSITIONS],
+              "sandwich": ["--decoder-sandwich", "8", *NO_POSITIONS]}
+FOX = ["--decoder-forget-gate", *NO_POSITIONS, "--decoder-reset-position-options"]
+COPE = "decoder.layers.0.self_attn.row_term.embeddings"
 
 
 # ------------------------------------------------------------------------------------------ data and models
@@ -132,13 +141,15 @@ def trained(data) -> Dict[str, str]:
     """A structural-task translation baseline, a positional attentive LSTM LM with --tokens-per-sample 35 and a
     tagger with --max-source-positions 20 on pieces of 20 words, 2 updates each, in one process."""
     root = data["root"]
-    save = {name: os.path.join(root, name) for name in ("translation", "lstm", "tagger20")}
+    save = {name: os.path.join(root, name) for name in ("translation", "lstm", "tagger20", *LM_METHODS)}
     runs = [("fairseq-train", [data["translation"], *TRANSLATION, *COMMON, *SETUP, "--save-dir", save["translation"]]),
             ("fairseq-train", [data["ptb"], *LSTM, "--tokens-per-sample", "35", *COMMON, *SETUP,
                                "--save-dir", save["lstm"]]),
             ("fairseq-train", [data["tags20"], *TAGGER, "--max-source-positions", "20", *COMMON, *SETUP,
                                "--save-dir", save["tagger20"]])]
-    assert entry_points(runs, root) == [None, None, None]
+    runs += [("fairseq-train", [data["ptb"], *LM, *flags, *COMMON, *SETUP, "--save-dir", save[name]])
+             for name, flags in LM_METHODS.items()]
+    assert entry_points(runs, root) == [None] * len(runs)
     return {name: os.path.join(folder, "checkpoint_last.pt") for name, folder in save.items()}
 
 
@@ -197,6 +208,19 @@ def entry_point_runs(data: Dict[str, str], trained: Dict[str, str]) -> Dict[str,
             data["ptb"], "--user-dir", USER_DIR, "--path", trained["lstm"], "--cpu", "--tokens-per-sample", "35",
             "--num-workers", "0", "--model-overrides",
             "{'positional_attention_normalizer': 'sentence', 'decoder_reset_position_options': True}"]),
+        "sinusoidal to FoX, resumed": ("fairseq-train", [
+            data["ptb"], *LM, *FOX, *COMMON, *SETUP, "--max-update", "3", "--restore-file", trained["sinusoidal"],
+            "--save-dir", f"{root}/fox"]),
+        "sinusoidal to FoX, as advised": ("fairseq-train", [
+            data["ptb"], *LM, *FOX, "--reset-optimizer", *COMMON, *SETUP, "--max-update", "3", "--restore-file",
+            trained["sinusoidal"], "--save-dir", f"{root}/fox"]),
+        **{case: ("fairseq-train", [data["ptb"], *LM, *flags, "--decoder-reset-position-options", *COMMON, *SETUP,
+                                    "--lr", "0", "--finetune-from-model", source, "--save-dir", f"{root}/{case}"])
+           for case, (source, flags) in fine_tunings(root, trained).items()},
+        "FoX at evaluation": ("fairseq-eval-lm", [
+            data["ptb"], "--user-dir", USER_DIR, "--path", trained["sinusoidal"], "--cpu", "--tokens-per-sample", "16",
+            "--num-workers", "0", "--model-overrides",
+            "{'decoder_forget_gate': True, 'decoder_reset_position_options': True}"]),
         "amp on a CPU, LSTM": ("fairseq-train", [data["ptb"], *LSTM, "--tokens-per-sample", "35", *COMMON, "--amp",
                                                  "--no-save"]),
         "amp on a CPU, structural": ("fairseq-train", [data["translation"], *TRANSLATION, *COMMON, "--amp",
@@ -207,6 +231,14 @@ def entry_point_runs(data: Dict[str, str], trained: Dict[str, str]) -> Dict[str,
         "the other direction": ("fairseq-train", [
             data["translation"], *TRANSLATION, *COMMON, "-s", "de", "-t", "en", "--no-save"]),
     }
+
+
+def fine_tunings(root: str, trained: Dict[str, str]) -> Dict[str, Tuple[str, List[str]]]:
+    """Each ``--finetune-from-model`` of one method into another: case -> (the checkpoint, the new method's flags);
+    at learning rate 0, so that the weights saved are the ones loaded."""
+    return {"FoX to none": (f"{root}/fox/checkpoint_last.pt", NO_POSITIONS),
+            "CoPE 8 to 16": (trained["cope8"], ["--decoder-cope", "16", *NO_POSITIONS]),
+            "Sandwich to KERPLE": (trained["sandwich"], ["--decoder-kerple", "log", *NO_POSITIONS])}
 
 
 def run_console(tool: str, args: List[str], cwd: str) -> subprocess.CompletedProcess:
@@ -254,6 +286,33 @@ def test_a_resume_that_changes_the_function_is_refused(outcomes, trained):
     for name, path in trained.items():
         assert Path(path).read_bytes() == outcomes["checkpoints before"][name], name
         assert not [f for f in os.listdir(os.path.dirname(path)) if f.endswith(".tmp")]
+
+
+@pytest.mark.slow
+def test_fine_tuning_one_method_into_another_follows_the_advice(outcomes, data, trained):
+    """--decoder-reset-position-options as the refusals advise it: the weights both methods hold load, the new
+    method's keep their initialisation, the old one's are dropped (sinusoidal to FoX, FoX to none, CoPE 8 to 16,
+    Sandwich to KERPLE; a resume, --finetune-from-model, eval-lm's --model-overrides); a resume that would restore
+    the optimizer state into other parameters is refused in one line naming --reset-optimizer."""
+    line = outcomes["sinusoidal to FoX, resumed"]
+    assert line.startswith("--decoder-reset-position-options: the new method's parameters differ") and (
+        "add --reset-optimizer" in line)
+    root = data["root"]
+    cases = ["sinusoidal to FoX, as advised", *fine_tunings(root, trained), "FoX at evaluation"]
+    assert [outcomes[case] for case in cases] == [None] * len(cases)
+    saved = {case: (torch.load(source, weights_only=False)["model"],
+                    torch.load(f"{root}/{case}/checkpoint_last.pt", weights_only=False)["model"])
+             for case, (source, _) in fine_tunings(root, trained).items()}
+    for case, (old, new) in saved.items():
+        kept = {key for key in set(old) & set(new) if "self_attn." not in key or "_proj." in key}
+        assert kept and all(torch.equal(old[key], new[key]) for key in kept - {"decoder.position_record.flags"}), case
+    old, new = saved["FoX to none"]
+    assert [key for key in old if "token_difference_terms" in key] and not [key for key in new if "self_attn." in key
+                                                                          and "_proj." not in key]
+    old, new = saved["CoPE 8 to 16"]
+    assert old[COPE].shape[-1] == 8 and new[COPE].shape[-1] == 16
+    old, new = saved["Sandwich to KERPLE"]
+    assert not [key for key in old if "kerple" in key] and [key for key in new if "kerple" in key]
 
 
 TINY_TRANSLATION = ["--encoder-layers", "1", "--decoder-layers", "1", "--encoder-embed-dim", "16",

@@ -283,7 +283,7 @@ def assert_shown_biases_are_added(numbers: Dict, module, side: str, length: int)
     ctx = PositionContext.from_padding(torch.zeros(1, length, dtype=torch.bool), True)
     for term in module.additive_terms:
         bias = term(ctx, length, length)[0].detach()  # heads x queries x keys
-        entry = next(e for e in numbers[method_of(term).name] if (e["side"], e["layer"]) == (side, 0))
+        entry = next(e for e in numbers[method_of(term).name] if e["side"] == side and e["layer"] in (0, None))
         shown = [q for q in term.inspect(length) if q.layout in (MATRIX, CURVE)]
         assert shown, f"{type(term).__name__} shows no bias"
         for q in shown:
@@ -320,13 +320,30 @@ def test_every_registered_method_is_shown(tmp_path):
         for k, distance in enumerate(range(1 - length, length)):
             diagonal = logits.diagonal(offset=-distance, dim1=-2, dim2=-1)[0]
             torch.testing.assert_close(pattern[k].expand_as(diagonal), diagonal)
-    assert [(e["side"], e["layer"]) for e in numbers["t5-relative-bias"]] == [("encoder", 0), ("decoder", 0)]
+    assert [(e["side"], e["layer"]) for e in numbers["t5-relative-bias"]] == [("encoder", None), ("decoder", None)]
     paths = plots.draw(inspection, inspection.available_kinds(), str(tmp_path))
     names = {os.path.basename(p) for p in paths}
-    assert {"encoder-layer0-t5-relative-bias-table.png", "decoder-layer1-alibi-bias.png",
+    assert {"encoder-t5-relative-bias-table.png", "decoder-layer1-alibi-bias.png",
             "encoder-layer1-rotary-angle-pattern.png", "decoder-learnable-temperature-per-head.png"} <= names
     assert sorted(names) == sorted(os.listdir(tmp_path))
     assert_pictures(str(tmp_path), sorted(names))
+
+
+def test_a_side_shared_parameter_is_shown_once_for_the_side_and_its_bars_keep_the_heads_order(tmp_path):
+    """KERPLE's r1 and r2 are one set per side: shown without a layer, labelled by head, r2's bars in r1's order."""
+    model = randomized(build_lm("transformer_lm_posattn", ["--decoder-kerple", "log", "--decoder-attention-heads",
+                                                           "4"]))
+    net_input = {"src_tokens": torch.tensor([[2, 4, 5, 6, 7]]), "src_lengths": torch.tensor([5])}
+    inspection = inspect_model(model, TinyTask(), {"net_input": net_input}, "input")
+    (entry,) = [t for t in inspection.terms if t.method == "kerple"]
+    assert entry.layer is None
+    series = plots.per_head_series([entry])["decoder"]
+    (r1_labels, r1), (r2_labels, _) = series.values()
+    assert r1_labels == r2_labels == ["H0", "H1", "H2", "H3"]
+    r1_order, r2_order = plots.bar_orders(series).values()
+    assert list(r2_order) == list(r1_order) and list(r1[r1_order]) == sorted(r1, reverse=True)
+    names = {os.path.basename(p) for p in plots.draw(inspection, ["kerple"], str(tmp_path))}
+    assert names == {"decoder-kerple-bias.png", "decoder-kerple-per-head.png"}
 
 
 def test_transformer_language_model_has_causal_decoder_maps():

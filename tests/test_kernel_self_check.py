@@ -13,7 +13,7 @@ import textwrap
 import pytest
 import torch
 
-from posattn import attention, kernel_self_check
+from posattn import attention, kernel_self_check, position_method, position_options
 from posattn.attention import FLEX, SDPA
 from posattn.kernel_self_check import FusedKernelMismatch, compare_paths, forget_verdicts
 from posattn.position_context import PositionContext
@@ -95,6 +95,15 @@ def test_every_sdpa_form_passes_the_check_with_its_gradients(variant, dtype):
     assert comparison.agrees, comparison
 
 
+def test_the_check_is_no_longer_than_the_sequences_its_side_takes():
+    """FIRE's MLP runs on every (query, key) pair: a 200-token check of a model built for 16 tokens would cost
+    (200 / 16)^2 times its own batches (4 GB at 8,000 hidden units, where training used 26 MB)."""
+    short = position_method(2, 8, causal=True, options=position_options(True, 16, fire=True, fire_hidden=8000))
+    assert kernel_self_check.check_lengths(short) == (16, 10)
+    long = position_method(2, 8, causal=True, options=position_options(True, 4096, fire=True))
+    assert kernel_self_check.check_lengths(long) == kernel_self_check.CHECK_LENGTHS
+
+
 def test_a_flex_kernel_with_wrong_values_warns_once_and_scores_as_the_explicit_path(monkeypatch, caplog):
     monkeypatch.setattr(attention, "flex_kernel", shifted_flex)
     attn = build_attention(FUSABLE["distance-aware"], causal=False)
@@ -107,7 +116,7 @@ def test_a_flex_kernel_with_wrong_values_warns_once_and_scores_as_the_explicit_p
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1, warnings
     assert re.search(r"the flex_attention kernel against the explicit path \(float64, bidirectional, "
-                     r"left-padded, scoring, lengths 200/137\) disagrees: largest relative error .* in output "
+                     r"left-padded, scoring, lengths 9/6\) disagrees: largest relative error .* in output "
                      r"\(tolerance 1e-09\); torch .*, CUDA .*\. This configuration takes the explicit path "
                      r"for the rest of the process \(--encoder-attention-self-check error stops instead\)",
                      warnings[0]), warnings[0]

@@ -18,14 +18,18 @@ import importlib.util
 import json
 import math
 import os
+import re
+import signal
 import struct
 import subprocess
 from typing import Dict, List
 
 import pytest
+import torch
 
-from cli_helpers import BIN, error_line, run_failing, run_python
+from cli_helpers import BIN, error_line, preprocess_in_process, run_failing, run_python
 from model_helpers import REPO, USER_DIR
+from process_helpers import running, session_commands, start_recipe, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -387,3 +391,56 @@ def test_recipe_smoke_run_writes_table_json_and_png_then_resumes(ptb_slice, tmp_
                                  env={**os.environ, "PATH": BIN + os.pathsep + os.environ.get("PATH", ""), **env,
                                       "STEPS": steps, "DATA_OUT": str(tmp_path / "none")})
         assert refused.returncode != 0 and message in refused.stderr.splitlines()[-1], refused.stderr
+
+
+def test_recipe_never_evaluates_a_killed_training_stops_with_its_jobs_and_runs_once_per_folder(ptb_slice, tmp_path):
+    """A training killed by SIGKILL after its first checkpoint (as the out-of-memory killer would) is reported as
+    failed, in one line naming the run and its log, and never evaluated (status 1); a second recipe on the same
+    output folder meanwhile stops at once, naming the first one's process; run again, the training resumes from
+    its checkpoint; SIGTERM to the recipe alone during an evaluation stops that evaluation with it (status 143,
+    no process of it left, no log under a finished name); a complete log of a failed evaluation under the
+    finished name (what a Ctrl-C used to leave) is redone by the next run, which scores the split. The slice is
+    binarized in this process, as the recipe's prepare step does (DATA_OUT), to spare a process start."""
+    out, data = tmp_path / "out", tmp_path / "data"
+    preprocess_in_process(["--only-source", "--task", "language_modeling", "--workers", "1", "--destdir",
+                           data / "data-bin", *[arg for split in LINES for arg in (f"--{split}pref",
+                                                                                  f"{ptb_slice}/{split}.txt")]])
+    env = {"OUT": str(out), "DATA_OUT": str(data), "METHODS": "alibi", "L_TRAIN": "16", "MULTIPLIERS": "1",
+           "MODES": "nonoverlapping", "BATCH_SIZE": "4", "TF_DIM": "16", "TF_FFN": "32", "TF_LAYERS": "1",
+           "TF_HEADS": "2", "EVAL_TOKENS": "1024", "MAX_UPDATE": "100000", "STEPS": "train"}
+    checkpoint = out / "checkpoints" / "alibi" / "seed1" / "checkpoint_last.pt"
+    train_log, logs = out / "logs" / "train.alibi.seed1.log", out / "logs"
+
+    first = start_recipe(RECIPE, env)
+    wait_until(checkpoint.exists, 240, "first checkpoint", first)
+    second = subprocess.run(["bash", RECIPE], capture_output=True, text=True, cwd=REPO, timeout=60,
+                            env={**os.environ, "PATH": BIN + os.pathsep + os.environ["PATH"], **env})
+    assert second.returncode == 1 and len(second.stderr.splitlines()) == 1, second.stderr
+    assert f"another run is working in {out} (process {first.pid}" in second.stderr
+    os.kill(wait_until(lambda: running(first.pid, "fairseq-train"), 30, "fairseq-train", first)[0], signal.SIGKILL)
+    _, stderr = first.communicate(timeout=60)
+    assert first.returncode == 1, stderr
+    assert (f"run.sh: error: the training of alibi seed 1 did not finish (fairseq-train: killed by SIGKILL (the "
+            f"out-of-memory killer, or kill -9); see {train_log}): its model is not evaluated") in stderr
+    assert not list(logs.glob("eval.*")), "a killed training was evaluated"
+
+    updates = torch.load(checkpoint, map_location="cpu", weights_only=False)["optimizer_history"][-1]["num_updates"]
+    resumed = start_recipe(RECIPE, {**env, "MAX_UPDATE": str(updates + 1)})
+    wait_until(lambda: running(resumed.pid, "fairseq-eval-lm"), 240, "fairseq-eval-lm", resumed)
+    resumed.send_signal(signal.SIGTERM)  # the recipe alone, as `kill -TERM <its pid>`
+    _, stderr = resumed.communicate(timeout=60)
+    assert resumed.returncode == 143 and "SIGTERM: stopping its 1 running job(s)" in stderr, stderr
+    wait_until(lambda: not session_commands(resumed.pid), 10, "end of every process of the stopped recipe")
+    assert not list(logs.glob("eval.*.log"))
+    trained = train_log.read_text(encoding="utf-8")
+    assert re.search(rf"Loaded checkpoint {re.escape(str(checkpoint))} \(epoch \d+ @ {updates} updates\)", trained)
+    assert "done training" in trained
+
+    evaluation = logs / "eval.alibi.seed1.nonoverlapping.L16.log"
+    evaluation.write_text("Traceback (most recent call last):\nKeyboardInterrupt\nwall_seconds 2.5\nexit_status 130\n",
+                          encoding="utf-8")
+    again = recipe({**env, "MAX_UPDATE": str(updates + 1)})
+    assert not commands(again.stdout, "fairseq-train") and len(commands(again.stdout, "fairseq-eval-lm")) == 1
+    record, = HELPER_MODULE.collect(str(logs), ["alibi"], ["1"], ["nonoverlapping"], [16])
+    assert record["status"] == "ok" and math.isfinite(record["ppl"]), record
+    assert not list(logs.glob("*.failed.log")) and not list(logs.glob("*.part"))

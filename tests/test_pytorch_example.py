@@ -7,24 +7,21 @@ against fairseq's ``transformer_lm_posattn``: the same weights give the same log
 import importlib.util
 import json
 import math
-import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import List
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-EXAMPLE = REPO / "examples" / "pytorch"
-SAMPLE_VALID_TOKENS = 4722  # data/ptb_sample/valid.txt: words and line ends
+from extrapolation_example_helpers import (PYTORCH_EXAMPLE as EXAMPLE, TESTS, check_scored_record, records_by_key,
+                                           run_beside, run_recipe)
+
 TINY = ["--dim", "32", "--ffn-dim", "64", "--heads", "2", "--updates", "20", "--train-length", "32",
         "--lengths", "32", "64", "--threads", "1"]
 
 
 def recipe(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(EXAMPLE / "extrapolation.py"), *args], capture_output=True,
-                          text=True, cwd=REPO, timeout=120)
+    return run_recipe(EXAMPLE / "extrapolation.py", *args)
 
 
 @pytest.fixture(scope="module")
@@ -37,13 +34,9 @@ def finished_run(tmp_path_factory) -> Path:
 
 def test_every_record_is_present_and_finite(finished_run):
     records = json.loads((finished_run / "results.json").read_text())
-    keys = {(r["method"], r["seed"], r["mode"], r["length"]) for r in records}
-    assert len(records) == len(keys) == 3 * 2 * 2
+    assert len(records_by_key(records)) == 3 * 2 * 2
     for record in (r for r in records if r["method"] != "direct-absolute"):
-        assert record["status"] == "ok" and math.isfinite(record["ppl"]), record
-        assert record["tokens"] == SAMPLE_VALID_TOKENS
-        assert math.isclose(2 ** record["loss"], record["ppl"], rel_tol=1e-9)
-        assert record["params"] > 0 and record["wall_seconds"] >= 0
+        check_scored_record(record)
     run = json.loads((finished_run / "alibi" / "seed1" / "run.json").read_text())
     assert run["command"].startswith("python ") and "--methods alibi rotary" in run["command"] and run["seconds"] > 0
     table = (finished_run / "results.md").read_text()
@@ -76,14 +69,15 @@ def test_bad_arguments_are_refused_in_one_line(tmp_path, args: List[str], messag
     assert len(error_lines) == 1 and message in error_lines[0], result.stderr
 
 
-#: run with examples/pytorch on PYTHONPATH: the recipe's sliding-window perplexity of a small trained model,
-#: and the same from one forward pass per token over exactly the tokens that token's window reads
+#: run with examples/pytorch and tests/ on PYTHONPATH: the recipe's sliding-window perplexity of a small trained
+#: model, and the same from one forward pass per token over exactly the tokens that token's window reads
 RECOMPUTATION = """
-import json, math, torch
+import json, torch
 from data import load_corpus
 from evaluation import evaluate
 from data import training_blocks
 from experiment import Protocol, build_model
+from extrapolation_example_helpers import sliding_perplexity_token_by_token
 from model import ModelSize
 from training import Budget, train
 torch.set_num_threads(1)
@@ -92,24 +86,12 @@ model = build_model(corpus, "alibi", ModelSize(32, 64, 2, 2), Protocol(train_len
 train(model, *training_blocks(corpus.train, 16), Budget(updates=10), seed=3, log=lambda line: None)
 targets = corpus.valid[:40]
 recipe = evaluate(model, targets, "sliding", 16)["ppl"]
-model.eval()
-stream = [2] + targets.tolist()  # </s> then the targets: token i is read before target i is predicted
-nll = 0.0
-with torch.no_grad():
-    for i in range(len(targets)):
-        first_read = max(0, (i // 8) * 8 - 8)  # stride 16/2 = 8 targets, after up to 8 tokens of context
-        log_probs = torch.log_softmax(model(torch.tensor([stream[first_read:i + 1]]))[0, -1], dim=-1)
-        nll -= log_probs[stream[i + 1]].item()
-print(json.dumps({"recipe": recipe, "direct": math.exp(nll / len(targets))}))
+print(json.dumps({"recipe": recipe, "direct": sliding_perplexity_token_by_token(model.eval(), targets, 16)}))
 """
 
 
 def test_the_sliding_perplexity_is_a_token_by_token_recomputation():
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(EXAMPLE), os.environ.get("PYTHONPATH", "")]))
-    result = subprocess.run([sys.executable, "-c", RECOMPUTATION], capture_output=True, text=True, cwd=REPO,
-                            env=env, timeout=120)
-    assert result.returncode == 0, result.stderr[-3000:]
-    values = json.loads(result.stdout.splitlines()[-1])
+    values = run_beside(RECOMPUTATION, EXAMPLE, TESTS)
     assert math.isclose(values["recipe"], values["direct"], rel_tol=1e-5), values
 
 
@@ -156,10 +138,6 @@ print(json.dumps(largest))
 
 @pytest.mark.skipif(importlib.util.find_spec("fairseq") is None, reason="needs fairseq")
 def test_the_model_computes_what_the_fairseq_recipes_model_computes():
-    path = os.pathsep.join([str(EXAMPLE), str(REPO / "tests"), os.environ.get("PYTHONPATH", "")])
-    result = subprocess.run([sys.executable, "-c", SAME_LOGITS], capture_output=True, text=True, cwd=REPO,
-                            env=dict(os.environ, PYTHONPATH=path), timeout=120)
-    assert result.returncode == 0, result.stderr[-3000:]
-    largest = json.loads(result.stdout.splitlines()[-1])
+    largest = run_beside(SAME_LOGITS, EXAMPLE, TESTS)
     assert set(largest) == {"alibi", "rotary", "none", "t5-bias"}
     assert all(difference < 1e-4 for difference in largest.values()), largest

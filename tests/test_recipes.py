@@ -213,7 +213,7 @@ def for_each_run(tmp_path, dry_run: int, failing: str) -> subprocess.CompletedPr
             [[ "$1 $2" != "{failing}" ]] || return 1
             mkdir -p "$OUT/runs/$1"; echo "run $1 $2"; echo "$1 $2" > "$OUT/runs/$1/seed$2"
         }}
-        for_each_run one_run
+        for_each_run one_run || echo "$FAILED_JOBS failed"
         echo "all ended"
     """
     return subprocess.run(["bash", "-c", script], capture_output=True, text=True)
@@ -221,7 +221,7 @@ def for_each_run(tmp_path, dry_run: int, failing: str) -> subprocess.CompletedPr
 
 def test_for_each_run_runs_every_variant_and_seed_and_reports_a_failure(tmp_path):
     """The loop of the tagging and classification recipes: every (variant, seed) once; a failed run
-    is named with its folder and the others go on."""
+    is named with its folder, the others go on, and the loop fails, counting it."""
     result = for_each_run(tmp_path, dry_run=0, failing="conv 2")
     assert result.returncode == 0, result.stderr
     for variant in ("pe_add", "conv"):
@@ -229,7 +229,8 @@ def test_for_each_run_runs_every_variant_and_seed_and_reports_a_failure(tmp_path
             ran = (tmp_path / "runs" / variant / f"seed{seed}").exists()
             assert ran == ((variant, seed) != ("conv", 2)), (variant, seed)
     assert f"FAILED conv seed 2 (see {tmp_path}/runs/conv/seed2)" in result.stdout
-    assert result.stdout.splitlines()[-1] == "all ended"
+    assert result.stdout.splitlines()[-2:] == ["1 failed", "all ended"]
+    assert "failed" not in for_each_run(tmp_path, dry_run=0, failing="none").stdout
 
 
 def test_for_each_run_prints_a_dry_run_in_order(tmp_path):

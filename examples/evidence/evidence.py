@@ -12,7 +12,7 @@ data folders). ``run`` records every finished run in ``examples/evidence/records
 the small files the results page reads, committed with the code), skips every recorded run, resumes
 the others (each recipe resumes its fairseq-train from checkpoint_last.pt and skips its finished
 steps), writes ``EVIDENCE_OUT/manifest.json`` atomically after every change, and on SIGTERM or Ctrl-C
-stops its recipes (SIGTERM to each one's process group), marks them interrupted and exits with status
+stops its recipes (SIGTERM to every process group of each one's session), marks them interrupted and exits with status
 143 (130). Running the same command again carries on, on this machine or, from the records, on another
 one. When every run has been tried it regenerates the results page of its records (docs/results.md, or results.md
 inside ``EVIDENCE_RECORDS`` when that names another folder; ``--no-results`` to skip).
@@ -47,10 +47,14 @@ from evidence_plan import REPO, TASKS, PlanError, Run, Settings, build_plan, sys
 from records import (attempt_logs, is_recorded, load_settings, next_attempt_log, read_record,  # noqa: E402
                      record_dir, save_settings, write_record)
 
+from posattn_tools.json_files import read_json  # noqa: E402
 from posattn_tools.runs import (BEGIN_EPOCH, DONE_TRAINING, END_EPOCH, STAMP, TRAIN_INNER, VALID_PPL,  # noqa: E402
                                 read_log, signal_group, start, tool_env)
 
 MANIFEST = "manifest.json"
+#: what to do with a damaged manifest
+REBUILT_MANIFEST = ("delete it: the next command rebuilds it from the records and the runs' folders (only the "
+                    "attempts of runs not yet recorded are forgotten)")
 POLL_SECONDS = 1.0
 GRACE_SECONDS = 60.0  # after SIGTERM, how long a recipe may take to stop before SIGKILL
 FINISHED, FAILED, INTERRUPTED, RUNNING, PENDING = "finished", "failed", "interrupted", "running", "pending"
@@ -65,14 +69,14 @@ def log(message: str) -> None:
 
 
 class Manifest:
-    """``EVIDENCE_OUT/manifest.json``: the settings and, per run id, its status and attempts."""
+    """``EVIDENCE_OUT/manifest.json``: the settings and, per run id, its status and attempts. A damaged one stops
+    the command in one line: deleted, it is rebuilt from the records and the runs' folders."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self.data: Dict[str, object] = {"runs": {}}
         if path.exists():
-            with open(path, encoding="utf-8") as f:
-                self.data = json.load(f)
+            self.data = read_json(path, REBUILT_MANIFEST)  # type: ignore[assignment]
 
     @property
     def runs(self) -> Dict[str, Dict[str, object]]:

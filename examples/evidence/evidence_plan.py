@@ -4,7 +4,8 @@ One run = one task, one system, one seed (and for tagging one tag set), in its o
 ``EVIDENCE_OUT/<task>/[<tag set>/]<system>/seed<N>``, made by the task's recipe under ``examples/``
 with environment variables; a run is finished only when its final artifact is there (translations
 with fairseq-generate's closing BLEU line, fairseq-eval-lm's perplexity, fairseq-validate's
-accuracy) and its training log shows the plan's budget (:func:`trained_under`), and then recorded in
+accuracy) and its training log shows fairseq's "done training" under the plan's budget
+(:func:`trained_under`), and then recorded in
 git with the files its :class:`Kept` entries name (:mod:`records`). Multi30k is prepared once
 (``translation/data``: Moses, BPE, spaCy parse, binarization, structural side data) and shared by its
 runs; so is PTB for length extrapolation (``extrapolation/data``: one token stream per split, binarized).
@@ -21,6 +22,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import ModuleType
 from typing import Dict, List, Mapping, Optional, Tuple
+
+from posattn_tools.runs import DONE_TRAINING
 
 REPO = Path(__file__).resolve().parents[2]
 TASKS = ("translation", "lm", "tagging", "classification", "extrapolation")
@@ -361,10 +364,11 @@ def _common(settings: Settings, out: Path) -> Dict[str, str]:
 
 
 def trained_under(train_log: Path, **config: int) -> Tuple[Tuple[Path, str], ...]:
-    """``done_when`` entries: the training log shows these values of fairseq's configuration (fairseq-train
-    prints it at its start: ``'max_epoch': 20,``). With them a run whose budget changed is not finished
-    although its old evaluations are on disk: the runner resumes its training under the new budget."""
-    return tuple((train_log, f"'{name}': {value},") for name, value in config.items())
+    """``done_when`` entries: the training finished (fairseq's own "done training", its last line) under these
+    values of fairseq's configuration (fairseq-train prints it at its start: ``'max_epoch': 20,``). With them a
+    training killed or failed after its start is not finished, whatever its recipe left on disk, and neither is
+    a run whose budget changed although its old evaluations are there: the runner resumes its training."""
+    return ((train_log, DONE_TRAINING),) + tuple((train_log, f"'{name}': {value},") for name, value in config.items())
 
 
 def translation_budget(settings: Settings) -> str:

@@ -29,6 +29,7 @@ from typing import Dict, Iterable, List, Mapping, Optional
 
 from evidence_plan import REPO, Run, Settings
 
+from posattn_tools.json_files import read_json
 from posattn_tools.runs import capture, read_log
 
 RUN_FILE = "run.json"
@@ -56,15 +57,19 @@ def record_dir(run: Run, root: Optional[Path] = None) -> Path:
     return (root or records_root()) / run.id
 
 
+def record_remedy(folder: Path) -> str:
+    """What to do with a damaged file of the record ``folder``."""
+    return f"restore it from git (git checkout -- {folder}), or delete the record {folder} to run it again"
+
+
 def read_record(run: Run, root: Optional[Path] = None) -> Optional[Dict[str, object]]:
-    """The run's ``run.json`` if its record exists and was made under the run's present budget."""
-    path = record_dir(run, root) / RUN_FILE
-    try:
-        with open(path, encoding="utf-8") as f:
-            record = json.load(f)
-    except (OSError, ValueError):
+    """The run's ``run.json`` if its record exists and was made under the run's present budget; a damaged one
+    stops the command in one line (:class:`posattn_tools.json_files.DamagedFile`)."""
+    folder = record_dir(run, root)
+    if not (folder / RUN_FILE).is_file():
         return None
-    return record if record.get("budget") == run.budget else None
+    record = read_json(folder / RUN_FILE, record_remedy(folder))
+    return record if record.get("budget") == run.budget else None  # type: ignore[union-attr]
 
 
 def is_recorded(run: Run, root: Optional[Path] = None) -> bool:
@@ -183,8 +188,8 @@ def load_settings(base: Settings, root: Optional[Path] = None) -> Settings:
     path = (root or records_root()) / SETTINGS_FILE
     if not path.exists():
         return base
-    with open(path, encoding="utf-8") as f:
-        saved = json.load(f)
+    saved = read_json(path, f"restore it from git (git checkout -- {path}), or delete it: the next runner writes "
+                            "it from the environment's settings")
     values = base.to_json()
     for name in ("seeds", "systems"):  # per task: a task added since the records were made keeps the base's
         saved[name] = {**values[name], **saved.get(name, {})}  # type: ignore[dict-item]

@@ -413,7 +413,19 @@ def wall_line(data: TaskData) -> str:
     finished = finished_runs(data)
     total = sum(float(data.records[r.id]["seconds"]) for r in finished)  # type: ignore[arg-type]
     return (f"**Wall time**: {len(finished)} of {len(data.runs)} runs finished, {total / 3600:.2f} h of wall time "
-            "in all (the runner's clock, summed over attempts; runs side by side share the machine).")
+            "in all (the runner's clock, summed over attempts; runs side by side share the machine)."
+            + resumed_note(data, finished))
+
+
+def resumed_note(data: TaskData, finished: Sequence[Run]) -> str:
+    """Which finished runs were resumed after an interrupted attempt (their records count every attempt): fairseq
+    resumes from its last checkpoint, which gives what an uninterrupted run gives up to the data order and random
+    streams after it, not bit for bit."""
+    resumed = [r.id for r in finished if len(data.records[r.id].get("attempts", [])) > 1]  # type: ignore[arg-type]
+    if not resumed:
+        return ""
+    return (f" Resumed after an interruption: {len(resumed)} ({', '.join(resumed)}); fairseq resumes from its last "
+            "checkpoint, not bit for bit as an uninterrupted run.")
 
 
 def commands(data: TaskData, extra: Sequence[Run] = ()) -> List[str]:
@@ -568,7 +580,7 @@ def pytorch_comparison(fairseq_evaluations: Sequence[Dict], lengths: Sequence[in
                   "| method | L | seeds | fairseq | plain PyTorch | Δ | within the spread |",
                   "|---|---:|---|---:|---:|---:|---|"] + [row.markdown for row in mode_rows] + [""]
     return (lines + comparison_summary(rows, plain, methods) + seed_deltas(fairseq, pytorch, methods, lengths[0])
-            + training_loss_table(methods))
+            + training_loss_table(methods, [FAIRSEQ_RECIPE, PYTORCH_RECIPE]))
 
 
 def seed_deltas(fairseq: PerplexityBySeed, pytorch: PerplexityBySeed, methods: Sequence[str], length: int) -> List[str]:
@@ -589,25 +601,30 @@ def seed_deltas(fairseq: PerplexityBySeed, pytorch: PerplexityBySeed, methods: S
 #: the logged training intervals compared (both recipes log every 100 updates; fairseq's 500th ends its second
 #: epoch's first 46 updates, the plain-PyTorch one updates 401 to 500)
 COMPARED_INTERVALS = (100, 200, 300, 400)
+#: each recipe's label on the page and the folder of its records (``<method>/seed<N>/``)
+FAIRSEQ_RECIPE = ("fairseq", "extrapolation")
+PYTORCH_RECIPE = ("plain PyTorch", readers.PYTORCH_EXTRAPOLATION)
+HUGGINGFACE_RECIPE = ("Hugging Face", readers.HUGGINGFACE_EXTRAPOLATION)
 
 
-def training_loss_table(methods: Sequence[str]) -> List[str]:
+def training_loss_table(methods: Sequence[str], recipes: Sequence[Tuple[str, str]]) -> List[str]:
     """Per method, the training loss (base 2) of the intervals ending at COMPARED_INTERVALS, mean ± sd over the
-    seeds both recipes finished, fairseq's beside the plain-PyTorch one's, from the two records' train.log."""
+    seeds of the last recipe that every other recipe running the method finished, each recipe's (``(label,
+    records folder)``) beside the others' ("–" for a recipe without the method), from the records' train.log."""
     root = records_root()
     lines = ["Training loss (base 2, dropout on) of the 100 updates before each count, mean ± sd over the same seeds, "
-             "fairseq / plain PyTorch (the records' `train.log`):", "",
+             f"{' / '.join(label for label, _ in recipes)} (the records' `train.log`):", "",
              "| method | " + " | ".join(f"updates {u - 99}-{u}" for u in COMPARED_INTERVALS) + " |",
              "|---|" + "---:|" * len(COMPARED_INTERVALS)]
     for method in methods:
-        runs = [(root / "extrapolation" / method / f"seed{seed}", folder)
-                for folder in sorted((root / readers.PYTORCH_EXTRAPOLATION / method).glob("seed*"))
-                for seed in [folder.name[len("seed"):]]]
-        pairs = [(readers.interval_training_losses(f / TRAIN_LOG), readers.interval_training_losses(p / TRAIN_LOG))
-                 for f, p in runs if (f / TRAIN_LOG).is_file()]
-        pairs = [(a, b) for a, b in pairs if all(u in a and u in b for u in COMPARED_INTERVALS)]
-        cells = [f"{mean_sd([a[u] for a, _ in pairs], 3)} / {mean_sd([b[u] for _, b in pairs], 3)}"
-                 for u in COMPARED_INTERVALS]
+        ran = [folder for _, folder in recipes if (root / folder / method).is_dir()]
+        seeds = [seed.name for seed in sorted((root / recipes[-1][1] / method).glob("seed*"))]
+        logs = [{folder: root / folder / method / seed / TRAIN_LOG for folder in ran} for seed in seeds]
+        losses = [{folder: readers.interval_training_losses(log) for folder, log in by_recipe.items()}
+                  for by_recipe in logs if all(log.is_file() for log in by_recipe.values())]
+        losses = [run for run in losses if all(u in run[folder] for folder in ran for u in COMPARED_INTERVALS)]
+        cells = [" / ".join(mean_sd([run[folder][u] for run in losses], 3) if folder in ran else "–"
+                            for _, folder in recipes) for u in COMPARED_INTERVALS]
         lines.append(f"| {method} | " + " | ".join(cells) + " |")
     return lines + [""]
 
@@ -629,6 +646,138 @@ def comparison_summary(rows: Sequence[ComparisonRow], plain: Sequence[Dict], met
             f"Plain PyTorch higher (Δ > 0) in: {', '.join(signs)} rows. Plain-PyTorch training: "
             f"{statistics.mean(trained) / 60:.1f} min per run on average (the training alone, its records' "
             "`train_seconds`).", ""] + ([" ".join(why), ""] if why else [])
+
+
+def recipes_seeds(tables: Sequence[PerplexityBySeed], method: str, mode: str, length: int) -> List[int]:
+    """The seeds that every recipe running ``method`` (a table with its key) scored at ``length``."""
+    scored = [set(table[(method, mode, length)]) for table in tables if (method, mode, length) in table]
+    return sorted(set.intersection(*scored)) if scored else []
+
+
+def recipe_values(table: PerplexityBySeed, key: Tuple[str, str, int], seeds: Sequence[int]) -> List[float]:
+    """The perplexities of ``seeds`` at ``key``; none when the recipe lacks one of them."""
+    found = table.get(key, {})
+    return [found[s] for s in seeds] if all(s in found for s in seeds) else []
+
+
+def curve_change(table: PerplexityBySeed, method: str, mode: str, length: int, reference: int,
+                 seeds: Sequence[int]) -> Optional[float]:
+    """The relative change of the seeds' mean perplexity from ``reference`` (the training length) to ``length``."""
+    at, base = (recipe_values(table, (method, mode, n), seeds) for n in (length, reference))
+    return statistics.mean(at) / statistics.mean(base) - 1 if at and base else None
+
+
+def percent(value: Optional[float]) -> str:
+    return "–" if value is None else f"{value:+.1%}"
+
+
+def curve_rows(tables: Sequence[PerplexityBySeed], method: str, mode: str, lengths: Sequence[int]) -> List[str]:
+    """A row per length: each recipe's perplexity over the seeds that every recipe running the method scored at
+    the training length, and each recipe's change from there."""
+    seeds = recipes_seeds(tables, method, mode, lengths[0])
+    rows = []
+    for length in lengths:
+        cells = [mean_sd(recipe_values(table, (method, mode, length), seeds), 1) for table in tables]
+        changes = [percent(curve_change(table, method, mode, length, lengths[0], seeds)) for table in tables]
+        change = "–" if length == lengths[0] else " / ".join(changes)
+        rows.append(f"| {method} | {length} | {' '.join(map(str, seeds))} | {' | '.join(cells)} | {change} |")
+    return rows
+
+
+def curve_summary(tables: Sequence[PerplexityBySeed], labels: Sequence[str], methods: Sequence[str],
+                  lengths: Sequence[int]) -> List[str]:
+    """The non-overlapping curves in words: the recipes at the training length (the last against the first), each
+    method's change to the longest length per recipe, and whether the recipes order the methods that all of them
+    ran alike by it."""
+    mode, first, last = EXTRAPOLATION_MODES[0], lengths[0], lengths[-1]
+    seeds = {m: recipes_seeds(tables, m, mode, first) for m in methods}
+    shared = [m for m in methods if seeds[m] and all((m, mode, first) in table for table in tables)]
+    changes = {m: [curve_change(table, m, mode, last, first, seeds[m]) for table in tables] for m in methods}
+    at_first = []
+    for m in shared:
+        means = [statistics.mean(recipe_values(table, (m, mode, first), seeds[m])) for table in tables]
+        at_first.append(f"{m} {' / '.join(f'{mean:.1f}' for mean in means)} ({labels[-1]} "
+                        f"{means[-1] / means[0] - 1:+.0%} against {labels[0]})")
+    moved = "; ".join(f"{m} " + " / ".join(percent(change) for change in changes[m]) for m in methods)
+    orders = [sorted((m for m in shared if changes[m][i] is not None), key=lambda m, i=i: changes[m][i])
+              for i in range(len(tables))]
+    alike = all(order == orders[0] for order in orders)
+    order_text = "; ".join(f"{label}: {' < '.join(order)}" for label, order in zip(labels, orders))
+    ranking = (f"; the recipes order {', '.join(shared)} {'alike' if alike else 'differently'} by that change "
+               f"({order_text})" if len(shared) > 1 else "")
+    return [f"At L = {first} ({MODE_TITLES[mode]}), {' / '.join(labels)}: {'; '.join(at_first)}. From L = {first} "
+            f"to L = {last} the perplexity changes by {moved} (\"–\": a recipe without the method){ranking}.", ""]
+
+
+#: the Hugging Face model as it ships (examples/huggingface: Llama's own RoPE, no method) and the posattn method
+#: that computes the same rotation on other pairs of dimensions
+LLAMA_ROPE, ROTARY = "llama-rope", "rotary"
+
+
+def own_rotation_note(table: PerplexityBySeed, lengths: Sequence[int]) -> List[str]:
+    """In the Hugging Face model, Llama's own rotation beside posattn's, from the training length to the longest
+    (non-overlapping windows, the seeds both ran); nothing unless both ran."""
+    mode, first, last = EXTRAPOLATION_MODES[0], lengths[0], lengths[-1]
+    seeds = sorted(set(table.get((LLAMA_ROPE, mode, first), {})) & set(table.get((ROTARY, mode, first), {})))
+    curves = {m: [recipe_values(table, (m, mode, n), seeds) for n in (first, last)] for m in (LLAMA_ROPE, ROTARY)}
+    if not all(values for pair in curves.values() for values in pair):
+        return []
+    text = "; ".join(f"{m} {statistics.mean(a):.1f} to {statistics.mean(b):.1f} "
+                     f"({percent(statistics.mean(b) / statistics.mean(a) - 1)})" for m, (a, b) in curves.items())
+    return [f"In the Hugging Face model, Llama's own RoPE ({LLAMA_ROPE}) and posattn's rotation ({ROTARY}) rotate by "
+            "the same frequencies, Llama's on the head's two halves and posattn's on neighbouring pairs of dimensions: "
+            "a permutation of the head's dimensions, which the learned projections absorb, maps one onto the other. "
+            f"From L = {first} to L = {last} ({MODE_TITLES[mode]}, seeds {' '.join(map(str, seeds))}): {text}.", ""]
+
+
+def training_minutes(recipes: Sequence[Tuple[str, Sequence[Dict]]]) -> List[str]:
+    """Each recipe's mean training time per run, from its records' ``train_seconds``."""
+    minutes = [f"{label} {statistics.mean(seconds) / 60:.1f} min" for label, records in recipes
+               for seconds in [[float(e["train_seconds"]) for e in records if "train_seconds" in e]] if seconds]
+    return [f"Training: {' and '.join(minutes)} per run on average (the training alone, the records' "
+            "`train_seconds`; the runs shared the machine with other work, at different times).", ""]
+
+
+HUGGINGFACE_INTRO = (
+    "`examples/huggingface/extrapolation.py` builds a `transformers.LlamaForCausalLM` from a config at the recipe's "
+    "sizes (2 layers, hidden size 128, 4 heads, a SwiGLU of width 344: the parameters of the recipe's FFN of 512; "
+    "tied embeddings; built for 1,024 positions), switches it to each method with "
+    "`posattn_huggingface.apply_position_method` (Llama's own rotation turned off), trains it with "
+    "`transformers.Trainer` on the same dictionary and token stream at the same budget (500 updates of 32 blocks of "
+    "64 tokens, Adam betas (0.9, 0.98), lr 1e-3, `inverse_sqrt` with 100 warm-up updates, clip-norm 1.0) and scores "
+    "the valid split with examples/pytorch's evaluation, the same two ways (records in "
+    f"`examples/evidence/records/{readers.HUGGINGFACE_EXTRAPOLATION}/`); `llama-rope` is the Llama model as Hugging "
+    "Face ships it, its own RoPE and no method. The model is not fairseq's: Llama's blocks are pre-norm with RMSNorm, "
+    "a SwiGLU feed-forward network, no biases, no embedding scale and transformers' initialisation (N(0, 0.02)), "
+    "with dropout (0.1) on the attention weights only where fairseq's model drops the embeddings and the residual "
+    "branches; Trainer's warm-up starts from lr 0 instead of 1e-7. Equal perplexities are not expected: what "
+    "compares is the shape of each method's curve past the training length. Valid perplexity, mean ± sd over the "
+    "seeds that every recipe running the method finished; the last column: the mean's change from L = 64, per "
+    "recipe.")
+
+
+def huggingface_comparison(fairseq_evaluations: Sequence[Dict], lengths: Sequence[int]) -> List[str]:
+    """The Hugging Face recipe's perplexities (examples/huggingface) beside the fairseq and plain-PyTorch runs' of
+    the same methods, seeds, modes and lengths; nothing when no Hugging Face run is recorded."""
+    root = records_root()
+    huggingface = readers.huggingface_extrapolation_records(root)
+    if not huggingface:
+        return []
+    plain = readers.pytorch_extrapolation_records(root)
+    recipes = [FAIRSEQ_RECIPE, PYTORCH_RECIPE, HUGGINGFACE_RECIPE]
+    labels = [label for label, _ in recipes]
+    tables = [perplexities_by_seed(evaluations) for evaluations in (fairseq_evaluations, plain, huggingface)]
+    methods = list(dict.fromkeys(e["method"] for e in huggingface))
+    methods.sort(key=lambda m: not all(any(key[0] == m for key in table) for table in tables))  # the shared first
+    lines = ["### Hugging Face beside fairseq and plain PyTorch (examples/huggingface)", "", HUGGINGFACE_INTRO, ""]
+    for mode in EXTRAPOLATION_MODES:
+        lines += [f"#### {MODE_TITLES[mode]} (Hugging Face)", "",
+                  f"| method | L | seeds | {' | '.join(labels)} | change from L = {lengths[0]}: {' / '.join(labels)} |",
+                  "|---|---:|---|" + "---:|" * len(labels) + "---|"]
+        lines += [row for method in methods for row in curve_rows(tables, method, mode, lengths)] + [""]
+    return (lines + curve_summary(tables, labels, methods, lengths) + own_rotation_note(tables[-1], lengths)
+            + training_loss_table(methods, recipes)
+            + training_minutes([(HUGGINGFACE_RECIPE[0], huggingface), (PYTORCH_RECIPE[0], plain)]))
 
 
 def extrapolation_section(data: TaskData, settings: Settings, pictures: Pictures, prep: Run) -> Section:
@@ -655,6 +804,7 @@ def extrapolation_section(data: TaskData, settings: Settings, pictures: Pictures
         lines += [pictures.link(path, "valid perplexity against evaluation length"), ""]
         lines += context_free_note(evaluations, methods)
         lines += pytorch_comparison(evaluations, lengths)
+        lines += huggingface_comparison(evaluations, lengths)
     else:
         lines += ["*(tables and picture appear when runs have finished)*", ""]
     lines += [wall_line(data), ""] + commands(data, [prep]) + [""]

@@ -11,7 +11,6 @@ first (:func:`records.train_log_lines`): a later validation of the same x replac
 lines are read by :mod:`posattn_tools.runs`, the tools' one reader of fairseq's logs.
 """
 
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,16 +20,19 @@ import numpy as np
 
 from evidence_plan import EXTRAPOLATION_TRAIN_LENGTH, recipe_module
 from paper_claims import extrapolation_metric
-from records import TRAIN_LOG
+from records import TRAIN_LOG, record_remedy
 
+from posattn_tools.json_files import read_json
 from posattn_tools.runs import VALIDATE_ACCURACY, read_log, train_wall_by_epoch, validations
 
 from fairseq_posattn.data.generate_output import bleu as corpus_bleu
 from fairseq_posattn.data.significance import MetricComparison, paired_bootstrap, read_references, read_system
 from fairseq_posattn.data.tagged_corpus import read_tagged_conllu
 
-#: the records folder of the plain-PyTorch length-extrapolation runs (``<method>/seed<N>/``)
+#: the records folders of the length-extrapolation recipe's replicas (``<method>/seed<N>/``): the plain-PyTorch
+#: runs (examples/pytorch), the Hugging Face ones (examples/huggingface)
 PYTORCH_EXTRAPOLATION = "pytorch_extrapolation"
+HUGGINGFACE_EXTRAPOLATION = "huggingface_extrapolation"
 BOOTSTRAP_SEED = 12345  # sacrebleu's default resampling seed, for the tagging bootstrap too
 
 
@@ -91,20 +93,29 @@ def classification_metrics(record: Path) -> Dict[str, float]:
 
 def extrapolation_records(record: Path) -> List[Dict]:
     """A length-extrapolation run's evaluations (its ``results.json``: one entry per mode and length, as
-    ``extrapolation.py table`` writes them)."""
-    with open(record / "results.json", encoding="utf-8") as f:
-        return json.load(f)
+    ``extrapolation.py table`` writes them); a damaged one stops the command in one line."""
+    return read_json(record / "results.json", record_remedy(record), list)  # type: ignore[return-value]
+
+
+def replica_extrapolation_records(root: Path, folder: str) -> List[Dict]:
+    """A replica's evaluations (examples/pytorch/extrapolation.py, examples/huggingface/extrapolation.py: same
+    fields as :func:`extrapolation_records`'s), from every run's ``results.json`` under ``root/folder/``."""
+    paths = sorted((root / folder).glob("*/seed*/results.json"))
+    return [entry for path in paths for entry in read_json(path, record_remedy(path.parent), list)]  # type: ignore
 
 
 def pytorch_extrapolation_records(root: Path) -> List[Dict]:
-    """The plain-PyTorch recipe's evaluations (examples/pytorch/extrapolation.py, same fields as
-    :func:`extrapolation_records`'s), from every run's ``results.json`` under ``root/pytorch_extrapolation/``."""
-    paths = sorted((root / PYTORCH_EXTRAPOLATION).glob("*/seed*/results.json"))
-    return [entry for path in paths for entry in json.loads(path.read_text(encoding="utf-8"))]
+    """The plain-PyTorch recipe's evaluations, under ``root/pytorch_extrapolation/``."""
+    return replica_extrapolation_records(root, PYTORCH_EXTRAPOLATION)
+
+
+def huggingface_extrapolation_records(root: Path) -> List[Dict]:
+    """The Hugging Face recipe's evaluations, under ``root/huggingface_extrapolation/``."""
+    return replica_extrapolation_records(root, HUGGINGFACE_EXTRAPOLATION)
 
 
 #: a logged training interval's loss (base 2) and the updates it ends at: fairseq-train's ``train_inner`` lines,
-#: the plain-PyTorch recipe's ``update N | loss X`` lines
+#: the replicas' (plain PyTorch, Hugging Face) ``update N | loss X`` lines
 TRAIN_INTERVAL_LINES = (re.compile(r"train_inner \| .*?loss=([\d.]+), .*?num_updates=(\d+),"),
                         re.compile(r"\| update (\d+) \| loss ([\d.]+) \|"))
 

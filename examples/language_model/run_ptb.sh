@@ -7,7 +7,10 @@
 #
 #   PTB_DIR=/path/to/ptb bash examples/language_model/run_ptb.sh [--dry-run]
 #
-# Every fairseq command is printed before it runs; --dry-run only prints them.
+# Every fairseq command is printed before it runs; --dry-run only prints them.  A training that does not
+# finish (killed, failed) is named in one line with its log and never evaluated; the recipe then exits 1
+# after the table of what finished, and the same command resumes it.  One run per OUT (a lock); Ctrl-C or
+# SIGTERM stops its trainings and evaluations with it.
 # PTB_DIR holds ptb.{train,valid,test}.txt (or .txt.gz; the Mikolov version, <unk> and N already in).
 # Device: the GPUs torch sees (all of them, the batch split over them), else the CPU; PRECISION=fp16,
 # bf16 or amp for mixed precision (examples/lib/device.sh).
@@ -79,29 +82,41 @@ TF_HEADS=${TF_HEADS:-4}
 # -------------------------------------------------------------------------------------------------
 
 source "$REPO/examples/lib/device.sh"             # DEVICE_FLAGS (--cpu without a GPU), PRECISION_FLAGS, split_batch
-source "$REPO/examples/lib/commands.sh"           # show
+source "$REPO/examples/lib/commands.sh"           # show, and the background jobs (examples/lib/workers.sh)
 split_batch "$BATCH_SIZE" 1 samples
 
 RAW=$OUT/raw
 DATA=$OUT/data-bin
-(( DRY_RUN )) || mkdir -p "$RAW" "$OUT/logs" "$OUT/checkpoints"
+if (( ! DRY_RUN )); then
+    lock_output_folder "$OUT"                     # one run per OUT: a second one stops here, naming the first
+    stop_jobs_with_the_recipe                     # Ctrl-C / SIGTERM: the trainings and evaluations stop too
+    mkdir -p "$RAW" "$OUT/logs" "$OUT/checkpoints"
+fi
 
-# 1. raw text (decompress if needed)
+# 1. raw text (decompressed if needed; written under a temporary name: a copy cut short is never read as the split)
 for split in train valid test; do
     if (( ! DRY_RUN )) && [ ! -s "$RAW/$split.txt" ]; then
-        if [ -f "$PTB_DIR/ptb.$split.txt" ]; then cp "$PTB_DIR/ptb.$split.txt" "$RAW/$split.txt"
-        elif [ -f "$PTB_DIR/ptb.$split.txt.gz" ]; then gunzip -c "$PTB_DIR/ptb.$split.txt.gz" > "$RAW/$split.txt"
-        elif [ -f "$PTB_DIR/$split.txt" ]; then cp "$PTB_DIR/$split.txt" "$RAW/$split.txt"
+        if [ -f "$PTB_DIR/ptb.$split.txt" ]; then cp "$PTB_DIR/ptb.$split.txt" "$RAW/$split.txt.part"
+        elif [ -f "$PTB_DIR/ptb.$split.txt.gz" ]; then gunzip -c "$PTB_DIR/ptb.$split.txt.gz" > "$RAW/$split.txt.part"
+        elif [ -f "$PTB_DIR/$split.txt" ]; then cp "$PTB_DIR/$split.txt" "$RAW/$split.txt.part"
         else echo "no ptb.$split.txt(.gz) or $split.txt in $PTB_DIR" >&2; exit 1; fi
+        mv "$RAW/$split.txt.part" "$RAW/$split.txt"
     fi
 done
 
-# 2. binarize (language modelling: one dictionary, --only-source)
+# 2. binarize (language modelling: one dictionary, --only-source) into a temporary folder, renamed data-bin once
+#    complete: a binarization cut short (it writes dict.txt first) never passes for prepared data
 if [ ! -f "$DATA/dict.txt" ]; then
     preprocess=(fairseq-preprocess --only-source --task language_modeling --workers 2
-                --trainpref "$RAW/train.txt" --validpref "$RAW/valid.txt" --testpref "$RAW/test.txt" --destdir "$DATA")
+                --trainpref "$RAW/train.txt" --validpref "$RAW/valid.txt" --testpref "$RAW/test.txt" --destdir "$DATA.tmp")
     show "${preprocess[@]}"
-    (( DRY_RUN )) || "${preprocess[@]}" > "$OUT/logs/preprocess.log" 2>&1
+    if (( ! DRY_RUN )); then
+        rm -rf "$DATA.tmp"
+        "${preprocess[@]}" > "$OUT/logs/preprocess.log" 2>&1 || {
+            echo "run_ptb.sh: error: fairseq-preprocess failed (see $OUT/logs/preprocess.log)" >&2; exit 1; }
+        rm -rf "$DATA"
+        mv "$DATA.tmp" "$DATA"
+    fi
 fi
 
 # 3. model flags
@@ -151,13 +166,17 @@ COMMON_DATA=(--task language_modeling --user-dir "$USER_DIR" --sample-break-mode
              --tokens-per-sample "$TOKENS_PER_SAMPLE" --max-target-positions "$MAX_TARGET_POSITIONS")
 
 export OMP_NUM_THREADS=$THREADS MKL_NUM_THREADS=$THREADS
+# train_and_eval NAME: train the model unless its training finished, then fairseq-eval-lm of valid and test;
+# status 1, with a one-line error naming the model and the log, if the training does not finish (then nothing
+# is evaluated) or an evaluation fails
 train_and_eval() {
-    local name=$1 ckdir="$OUT/checkpoints/$1" start end
+    local name=$1 ckdir="$OUT/checkpoints/$1" log="$OUT/logs/train.$1.log" start end status=0
     (( DRY_RUN )) || mkdir -p "$ckdir"
     start=$(date +%s) end=$(date +%s)
     # a finished training is not run again (fairseq-train would make one more update); an
-    # interrupted one resumes from its checkpoint_last.pt
-    if ! grep -q "done training" "$OUT/logs/train.$name.log" 2>/dev/null; then
+    # interrupted or failed one resumes from its checkpoint_last.pt, and its old evaluations go
+    if ! grep -q "done training" "$log" 2>/dev/null; then
+        (( DRY_RUN )) || rm -f "$OUT/logs/eval.$name."*.log
         # shellcheck disable=SC2046,SC2206  # the model's flags are a word list
         local train=(fairseq-train "$DATA" "${COMMON_DATA[@]}" $(model_flags "$name") "${DROPOUT_FLAGS[@]}" "${OPTIM_FLAGS[@]}"
                      --batch-size "$SIZE_PER_DEVICE" --update-freq "$UPDATE_FREQ_PER_DEVICE" --required-batch-size-multiple 1
@@ -166,35 +185,52 @@ train_and_eval() {
                      --log-format simple --log-interval 100 "${DEVICE_FLAGS[@]}")
         show "${train[@]}"
         if (( ! DRY_RUN )); then
-            "${train[@]}" > "$OUT/logs/train.$name.log" 2>&1
+            "${train[@]}" > "$log" 2>&1 || status=$?
             end=$(date +%s)
-            echo "wall_seconds $((end - start))" >> "$OUT/logs/train.$name.log"
+            echo "wall_seconds $((end - start))" >> "$log"
+            grep -q "done training" "$log" || {
+                echo "run_ptb.sh: error: the training of $name did not finish (fairseq-train: $(how_it_ended "$status");" \
+                     "see $log): it is not evaluated; run the recipe again to resume it from its checkpoint_last.pt" >&2
+                return 1; }
         fi
     fi
-    # fresh processes, from the checkpoint; every target token incl. end of sentence is scored
+    # fresh processes, from the checkpoint; every target token incl. end of sentence is scored; each log is
+    # written under a temporary name and renamed once the command has succeeded
     for subset in valid test; do
         local evaluate=(fairseq-eval-lm "$DATA" --user-dir "$USER_DIR" --path "$ckdir/$EVAL_CHECKPOINT" --gen-subset "$subset"
                         --sample-break-mode "$BREAK_MODE" --tokens-per-sample "$TOKENS_PER_SAMPLE"
                         --max-target-positions "$MAX_TARGET_POSITIONS" --max-tokens "$EVAL_MAX_TOKENS"
                         --num-workers 0 "${DEVICE_FLAGS[@]}")
+        local eval_log="$OUT/logs/eval.$name.$subset.log"
         show "${evaluate[@]}"
-        (( DRY_RUN )) || "${evaluate[@]}" > "$OUT/logs/eval.$name.$subset.log" 2>&1
+        (( DRY_RUN )) && continue
+        status=0
+        "${evaluate[@]}" > "$eval_log.part" 2>&1 || status=$?
+        if (( status )); then
+            echo "run_ptb.sh: error: the evaluation of $name on $subset failed (fairseq-eval-lm: $(how_it_ended "$status");" \
+                 "see $eval_log.part)" >&2
+            return 1
+        fi
+        mv "$eval_log.part" "$eval_log"
     done
     (( DRY_RUN )) || echo "done $name ($((end - start)) s training)"
 }
 
 # 4. train + evaluate, PARALLEL at a time (--dry-run: print, in order)
-running=0
+FAILED_RUNS=0
 for name in $MODELS; do
     model_flags "$name" > /dev/null
     if (( DRY_RUN )); then train_and_eval "$name"; continue; fi
-    ( train_and_eval "$name" || echo "FAILED $name (see $OUT/logs)" ) &
-    running=$((running + 1))
-    if [ "$running" -ge "$PARALLEL" ]; then wait -n; running=$((running - 1)); fi
+    start_job "$PARALLEL" train_and_eval "$name"
 done
-wait
 (( DRY_RUN )) && exit 0
+wait_jobs || FAILED_RUNS=$FAILED_JOBS
 
-# 5. table
+# 5. table (of what finished)
 python "$REPO/examples/language_model/results_table.py" --logs "$OUT/logs" --models $MODELS \
     | tee "$OUT/results.md"
+if (( FAILED_RUNS )); then
+    echo "run_ptb.sh: error: $FAILED_RUNS of $(wc -w <<< "$MODELS") models did not finish (each named above with its" \
+         "log; the table shows what finished): run the same command again to redo them" >&2
+    exit 1
+fi

@@ -47,6 +47,11 @@ mkdir -p "$OUT/raw"
 for split in train valid test; do
     src="$WIKITEXT_DIR/wiki.$split.tokens"
     [ -f "$src" ] || { echo "missing $src" >&2; exit 1; }
-    [ -s "$OUT/raw/$split.txt" ] || cp "$src" "$OUT/raw/$split.txt"
+    # copied under a temporary name of this process's own and renamed once complete: a copy cut short is never
+    # read as the split
+    if [ ! -s "$OUT/raw/$split.txt" ]; then
+        cp "$src" "$OUT/raw/$split.txt.part$$"
+        mv "$OUT/raw/$split.txt.part$$" "$OUT/raw/$split.txt"
+    fi
 done
 PTB_DIR="$OUT/raw" exec bash "$HERE/run_ptb.sh"

@@ -1,9 +1,10 @@
 #!/usr/bin/env python
 """Train short, test long: the methods of ``run.sh`` and its results (markdown tables and a PNG).
 
-Two commands (``run.sh`` calls both)::
+Three commands (``run.sh`` calls them)::
 
     python examples/length_extrapolation/extrapolation.py methods [NAME ...]
+    python examples/length_extrapolation/extrapolation.py outcome LOG
     python examples/length_extrapolation/extrapolation.py table --out OUT --methods "..." --seeds "1 2" \\
         --lengths "64 128 256" --modes "nonoverlapping sliding" --train-length 64 --stride L/2
 
@@ -16,17 +17,21 @@ position information but the causal mask), ``learned`` (``--decoder-learned-pos`
 LSTM language models. A name ending in ``+sinusoidal`` (``alibi+sinusoidal``) keeps the sinusoidal
 embeddings beside the method.
 
+``outcome`` prints how one fairseq-eval-lm log ended: ``ok`` (it scored the split), ``refused`` (the model
+refused the length at start-up) or ``failed`` (anything else: killed, a traceback); the recipe keeps the first
+two as finished and redoes a failed one.
+
 ``table`` reads ``OUT/logs``: ``train.NAME.seedS.log`` (fairseq-train, with the recipe's ``wall_seconds``)
 and ``eval.NAME.seedS.MODE.LL.log`` (fairseq-eval-lm, with the recipe's ``wall_seconds`` and
-``exit_status``), and writes ``OUT/results.md`` (perplexity per method and evaluation length, mean ± sd
-over seeds, "refuses (limit t)" where the model refused to read the length; the wall time of every
-evaluation), ``OUT/results.json`` (every evaluation's record) and ``OUT/perplexity.png`` (perplexity
-against evaluation length, one line per method, the seeds' range as a band; one panel per mode).
+``exit_status``; a failed evaluation's ``eval.NAME.seedS.MODE.LL.failed.log``), and writes ``OUT/results.md``
+(perplexity per method and evaluation length, mean ± sd over seeds, "refuses (limit t)" where the model refused
+to read the length; the wall time of every evaluation), ``OUT/results.json`` (every evaluation's record) and
+``OUT/perplexity.png`` (perplexity against evaluation length, one line per method, the seeds' range as a band; one
+panel per mode).
 """
 
 import argparse
 import json
-import logging
 import os
 import re
 import statistics
@@ -52,14 +57,10 @@ PARAMS_RE = re.compile(r"num\. (?:shared )?model params: ([0-9,]+)")
 
 # ------------------------------------------------------------------------------------------- methods
 def registry_variants() -> Dict[str, List[str]]:
-    """Every causal variant the registry declares, name -> its ``--decoder-*`` flags."""
-    previous = logging.root.manager.disable
-    logging.disable(logging.WARNING)  # fairseq's import-time notices would read as errors of this listing
-    try:
-        import fairseq_posattn  # noqa: F401  (registers the methods)
-        from posattn.position_terms.catalogue import all_variants, variant_flags
-    finally:
-        logging.disable(previous)
+    """Every causal variant the registry declares, name -> its ``--decoder-*`` flags (the library's registry:
+    importing its terms registers every method; fairseq is not imported)."""
+    from posattn.position_terms.catalogue import all_variants, variant_flags  # the package registers every method
+
     return {name: variant_flags("decoder", values) for name, values in all_variants("decoder").items()}
 
 
@@ -128,6 +129,13 @@ def parse_eval(text: Optional[str]) -> Dict:
     return record
 
 
+def evaluation_log(logs: str, method: str, seed: str, mode: str, length: int) -> Optional[str]:
+    """The text of an evaluation's log: the finished one (scored or refused), else the failed one, else None."""
+    finished = os.path.join(logs, f"eval.{method}.seed{seed}.{mode}.L{length}.log")
+    text = read(finished)
+    return text if text is not None else read(finished[:-len(".log")] + ".failed.log")
+
+
 def collect(logs: str, methods: Sequence[str], seeds: Sequence[str], modes: Sequence[str],
             lengths: Sequence[int]) -> List[Dict]:
     records = []
@@ -137,7 +145,7 @@ def collect(logs: str, methods: Sequence[str], seeds: Sequence[str], modes: Sequ
             params = PARAMS_RE.findall(train)
             for mode in modes:
                 for length in lengths:
-                    record = parse_eval(read(os.path.join(logs, f"eval.{method}.seed{seed}.{mode}.L{length}.log")))
+                    record = parse_eval(evaluation_log(logs, method, seed, mode, length))
                     record.update(method=method, seed=seed, mode=mode, length=length)
                     if params:
                         record["params"] = int(params[0].replace(",", ""))
@@ -289,6 +297,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     methods = commands.add_parser("methods", help="NAME<TAB>FAMILY<TAB>FLAGS per method")
     methods.add_argument("names", nargs="*", help="method names, or all (the default)")
+    outcome = commands.add_parser("outcome", help="how one fairseq-eval-lm log ended: ok, refused or failed")
+    outcome.add_argument("log", help="the evaluation's log, with the recipe's exit_status line")
     table = commands.add_parser("table", help="results.md, results.json and perplexity.png from the logs")
     table.add_argument("--out", required=True, help="the recipe's output folder (reads OUT/logs)")
     table.add_argument("--methods", required=True)
@@ -308,6 +318,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return 2
         for name, family, flags in lines:
             print("\t".join([name, family, " ".join(flags)]))
+        return 0
+    if args.command == "outcome":
+        print(parse_eval(read(args.log))["status"])
         return 0
 
     names, seeds, modes = args.methods.split(), args.seeds.split(), args.modes.split()

@@ -9,9 +9,12 @@
 #   DATA_DIR=/path/to/wikitext-103 PRESET=wikitext103 bash examples/length_extrapolation/run.sh   # a GPU
 #
 # Every fairseq command is printed before it runs; --dry-run only prints them.  Resumable: a finished
-# training (its log says "done training") is not run again, an interrupted one resumes from its
-# checkpoint_last.pt; a finished evaluation (its log exists) is not redone: an evaluation writes its log
-# under a temporary name and renames it when the command has ended, refusals included.
+# training (its log says "done training" under this MAX_UPDATE) is not run again, an interrupted or failed
+# one resumes from its checkpoint_last.pt and is never evaluated; a finished evaluation (scored, or refused
+# by the model) is not redone: an evaluation writes its log under a temporary name and renames it when the
+# command has ended, a failed one to eval.*.failed.log, which the next run redoes.  A failed training or
+# evaluation is named in one line with its log, and the recipe exits 1.  One run per OUT (a lock);
+# Ctrl-C or SIGTERM stops its trainings and evaluations with it.
 # Device: the GPUs torch sees, else the CPU (examples/lib/device.sh); PRECISION=bf16 etc. for training.
 set -euo pipefail
 DRY_RUN=0
@@ -40,7 +43,8 @@ DATA_OUT=${DATA_OUT:-$OUT}                        # where raw/ and data-bin/ lie
 STEPS=${STEPS:-prepare train table}               # prepare (raw text, binarize), train (each training and its
                                                   # evaluations), table (results.md/json, the PNG)
 USER_DIR=${USER_DIR:-$REPO/fairseq_posattn}
-PYTHON=${PYTHON:-python}                          # the Python whose fairseq_posattn lists the methods
+PYTHON=${PYTHON:-python}                          # the Python of the project: lists the methods, reads how
+                                                  # evaluations ended, makes the table
 METHODS=${METHODS:-all}                           # names or "all" (extrapolation.py methods: every causal
                                                   # variant of the registry, sinusoidal, none, learned, the LSTM LMs)
 SEEDS=${SEEDS:-1}                                 # several: the PNG draws their range as a band
@@ -76,7 +80,7 @@ LSTM_LAYERS=${LSTM_LAYERS:-1}
 # -------------------------------------------------------------------------------------------------
 
 source "$REPO/examples/lib/device.sh"             # DEVICE_FLAGS (--cpu without a GPU), PRECISION_FLAGS, split_batch
-source "$REPO/examples/lib/commands.sh"           # show
+source "$REPO/examples/lib/commands.sh"           # show, and the background jobs (examples/lib/workers.sh)
 for value in L_TRAIN MAX_UPDATE LSTM_MAX_UPDATE BATCH_SIZE EVAL_TOKENS; do
     [[ "${!value}" =~ ^[0-9]+$ ]] && (( ${!value} > 0 )) || { echo "run.sh: $value must be a positive number, got '${!value}'" >&2; exit 2; }
 done
@@ -99,7 +103,8 @@ LENGTHS=()
 for m in $MULTIPLIERS; do LENGTHS+=($((L_TRAIN * m))); done
 split_batch "$BATCH_SIZE" 1 blocks
 
-# the environment: $PYTHON lists the methods and makes the table; fairseq's tools run everything else
+# the environment: $PYTHON lists the methods, reads how evaluations ended and makes the table; fairseq's tools
+# run everything else
 missing=""
 "$PYTHON" -c "import importlib.util as u, sys; sys.exit(not (u.find_spec('fairseq_posattn') and u.find_spec('fairseq')))" \
     2>/dev/null || missing="$PYTHON cannot import fairseq_posattn"
@@ -112,7 +117,11 @@ fi
 
 RAW=$DATA_OUT/raw
 DATA=$DATA_OUT/data-bin
-(( DRY_RUN )) || mkdir -p "$RAW" "$DATA_OUT/logs" "$OUT/logs" "$OUT/checkpoints"
+if (( ! DRY_RUN )); then
+    lock_output_folder "$OUT"                     # one run per OUT: a second one stops here, naming the first
+    stop_jobs_with_the_recipe                     # Ctrl-C / SIGTERM: the trainings and evaluations stop too
+    mkdir -p "$RAW" "$DATA_OUT/logs" "$OUT/logs" "$OUT/checkpoints"
+fi
 
 # 1. raw text (decompressed, the first MAX_LINES lines if asked)
 first_lines() { if (( MAX_LINES > 0 )); then sed -n "1,${MAX_LINES}p"; else cat; fi; }  # reads all: no SIGPIPE
@@ -130,12 +139,19 @@ for split in train valid test; do
     fi
 done
 
-# 2. binarize (one dictionary, --only-source)
+# 2. binarize (one dictionary, --only-source) into a temporary folder, renamed data-bin once complete: a
+#    binarization cut short (it writes dict.txt first) never passes for prepared data
 if has_step prepare && [ ! -f "$DATA/dict.txt" ]; then
     preprocess=(fairseq-preprocess --only-source --task language_modeling --workers 2
-                --trainpref "$RAW/train.txt" --validpref "$RAW/valid.txt" --testpref "$RAW/test.txt" --destdir "$DATA")
+                --trainpref "$RAW/train.txt" --validpref "$RAW/valid.txt" --testpref "$RAW/test.txt" --destdir "$DATA.tmp")
     show "${preprocess[@]}"
-    (( DRY_RUN )) || "${preprocess[@]}" > "$DATA_OUT/logs/preprocess.log" 2>&1
+    if (( ! DRY_RUN )); then
+        rm -rf "$DATA.tmp"
+        "${preprocess[@]}" > "$DATA_OUT/logs/preprocess.log" 2>&1 || {
+            echo "run.sh: error: fairseq-preprocess failed (see $DATA_OUT/logs/preprocess.log)" >&2; exit 1; }
+        rm -rf "$DATA"
+        mv "$DATA.tmp" "$DATA"
+    fi
 fi
 has_step train || has_step table || exit 0
 if (( ! DRY_RUN )) && has_step train && [ ! -f "$DATA/dict.txt" ]; then
@@ -164,12 +180,21 @@ export OMP_NUM_THREADS=$THREADS MKL_NUM_THREADS=$THREADS
 now_ms() { echo $(( $(date +%s%N) / 1000000 )); }
 seconds_since() { local ms=$(( $(now_ms) - $1 )); printf '%d.%03d' $((ms / 1000)) $((ms % 1000)); }
 
-# evaluate NAME SEED MODE L: one fairseq-eval-lm in a fresh process; its log, with wall_seconds and
-# exit_status appended, appears under its final name only once the command has ended (refusals too)
+# outcome LOG: how the evaluation of LOG ended: ok (scored), refused (the model refused the length) or failed
+outcome() { "$PYTHON" "$HERE/extrapolation.py" outcome "$1"; }
+
+# evaluate NAME SEED MODE L: one fairseq-eval-lm in a fresh process, written to its log's temporary name
+# (with wall_seconds and exit_status appended) and renamed when the command has ended: to its log when it
+# scored the split or the model refused the length (finished: not redone), else to eval.*.failed.log (the
+# next run redoes it) with a one-line error; status 1 then
 evaluate() {
     local name=$1 seed=$2 mode=$3 length=$4 ckdir="$OUT/checkpoints/$1/seed$2"
     local log="$OUT/logs/eval.$name.seed$seed.$mode.L$length.log" window batch start status=0
-    [ -f "$log" ] && return 0
+    local failed_log="${log%.log}.failed.log"
+    if [ -f "$log" ]; then
+        [ "$(outcome "$log")" = failed ] || return 0
+        (( DRY_RUN )) || mv "$log" "$failed_log"   # a log of a failed evaluation under the finished name: redone
+    fi
     if [ "$mode" = sliding ]; then
         window=$((length - $(stride "$length")))
         batch=(--batch-size $(( EVAL_TOKENS / length > 0 ? EVAL_TOKENS / length : 1 )) --max-tokens "$EVAL_TOKENS")
@@ -187,60 +212,86 @@ evaluate() {
     start=$(now_ms)
     "${cmd[@]}" > "$log.part" 2>&1 || status=$?
     { echo "wall_seconds $(seconds_since "$start")"; echo "exit_status $status"; } >> "$log.part"
+    if [ "$(outcome "$log.part")" = failed ]; then
+        mv "$log.part" "$failed_log"
+        echo "run.sh: error: the evaluation of $name seed $seed ($mode, L=$length) failed ($(how_it_ended "$status");" \
+             "see $failed_log): run the recipe again to redo it" >&2
+        return 1
+    fi
+    rm -f "$failed_log"
     mv "$log.part" "$log"
 }
 
+# trained LOG UPDATES: the training of LOG finished under the budget UPDATES (fairseq's own "done training",
+# and its configuration's max_update)
+trained() { grep -q "done training" "$1" 2> /dev/null && grep -qF "'max_update': $2," "$1"; }
+
+# train NAME SEED: fairseq-train of one model unless it finished under this budget (fairseq-train would make
+# one more update); an interrupted or failed one resumes from its checkpoint_last.pt. A training that runs
+# first deletes its model's evaluations (made again). Status 1, with a one-line error naming the run and its
+# log, when the training does not finish (killed, failed, or cut short)
+train() {
+    local name=$1 seed=$2 ckdir="$OUT/checkpoints/$1/seed$2" log="$OUT/logs/train.$1.seed$2.log" start status=0
+    local sizes=("${TF_SIZES[@]}") updates=$MAX_UPDATE
+    [ "${FAMILY[$name]}" = lstm ] && sizes=("${LSTM_SIZES[@]}") updates=$LSTM_MAX_UPDATE
+    trained "$log" "$updates" && return 0
+    (( DRY_RUN )) || { mkdir -p "$ckdir"; rm -f "$OUT/logs/eval.$name.seed$seed."*.log; }
+    # shellcheck disable=SC2206  # the method's flags are a word list
+    local method=(${FLAGS[$name]})
+    local command=(fairseq-train "$DATA" --task language_modeling --user-dir "$USER_DIR"
+                   --sample-break-mode none --tokens-per-sample "$L_TRAIN" "${sizes[@]}" "${method[@]}"
+                   --dropout "$DROPOUT" "${OPTIM_FLAGS[@]}" --batch-size "$SIZE_PER_DEVICE"
+                   --update-freq "$UPDATE_FREQ_PER_DEVICE" --required-batch-size-multiple 1
+                   --max-update "$updates" --max-epoch 0 --disable-validation --no-epoch-checkpoints
+                   --save-dir "$ckdir" --seed "$seed" --num-workers 0 --log-format simple --log-interval 100
+                   "${PRECISION_FLAGS[@]}" "${DEVICE_FLAGS[@]}")
+    show "${command[@]}"
+    (( DRY_RUN )) && return 0
+    start=$(now_ms)
+    "${command[@]}" > "$log" 2>&1 || status=$?
+    echo "wall_seconds $(seconds_since "$start")" >> "$log"
+    trained "$log" "$updates" && return 0
+    echo "run.sh: error: the training of $name seed $seed did not finish (fairseq-train:" \
+         "$(how_it_ended "$status"); see $log): its model is not evaluated; run the recipe again to resume it" \
+         "from its checkpoint_last.pt" >&2
+    return 1
+}
+
+# train_and_evaluate NAME SEED: the training, then every evaluation (each one's failure is named; status 1
+# if the training or an evaluation failed)
 train_and_evaluate() {
-    local name=$1 seed=$2 ckdir="$OUT/checkpoints/$1/seed$2" log="$OUT/logs/train.$1.seed$2.log" start
-    (( DRY_RUN )) || mkdir -p "$ckdir"
-    # a finished training is not run again (fairseq-train would make one more update); an
-    # interrupted one resumes from its checkpoint_last.pt
-    if ! grep -q "done training" "$log" 2>/dev/null; then
-        # evaluations of an earlier model (an interrupted training, a raised MAX_UPDATE) are made again
-        (( DRY_RUN )) || rm -f "$OUT/logs/eval.$name.seed$seed."*.log
-        local sizes=("${TF_SIZES[@]}") updates=$MAX_UPDATE
-        [ "${FAMILY[$name]}" = lstm ] && sizes=("${LSTM_SIZES[@]}") updates=$LSTM_MAX_UPDATE
-        # shellcheck disable=SC2206  # the method's flags are a word list
-        local method=(${FLAGS[$name]})
-        local train=(fairseq-train "$DATA" --task language_modeling --user-dir "$USER_DIR"
-                     --sample-break-mode none --tokens-per-sample "$L_TRAIN" "${sizes[@]}" "${method[@]}"
-                     --dropout "$DROPOUT" "${OPTIM_FLAGS[@]}" --batch-size "$SIZE_PER_DEVICE"
-                     --update-freq "$UPDATE_FREQ_PER_DEVICE" --required-batch-size-multiple 1
-                     --max-update "$updates" --max-epoch 0 --disable-validation --no-epoch-checkpoints
-                     --save-dir "$ckdir" --seed "$seed" --num-workers 0 --log-format simple --log-interval 100
-                     "${PRECISION_FLAGS[@]}" "${DEVICE_FLAGS[@]}")
-        show "${train[@]}"
-        if (( ! DRY_RUN )); then
-            start=$(now_ms)
-            "${train[@]}" > "$log" 2>&1
-            echo "wall_seconds $(seconds_since "$start")" >> "$log"
-        fi
-    fi
+    local name=$1 seed=$2 failures=0 mode length
+    train "$name" "$seed" || return 1
     for mode in $MODES; do
-        for length in "${LENGTHS[@]}"; do evaluate "$name" "$seed" "$mode" "$length"; done
+        for length in "${LENGTHS[@]}"; do evaluate "$name" "$seed" "$mode" "$length" || failures=$((failures + 1)); done
     done
-    (( DRY_RUN )) || echo "done $name seed $seed"
+    (( DRY_RUN || failures )) || echo "done $name seed $seed"
+    (( failures == 0 ))
 }
 
 # 4. train + evaluate, PARALLEL at a time (--dry-run: print, in order)
+FAILED_RUNS=0
 if has_step train; then
-    running=0
     for name in "${NAMES[@]}"; do
         for seed in $SEEDS; do
             if (( DRY_RUN )); then train_and_evaluate "$name" "$seed"; continue; fi
-            ( train_and_evaluate "$name" "$seed" || echo "FAILED $name seed $seed (see $OUT/logs/train.$name.seed$seed.log)" ) &
-            running=$((running + 1))
-            if (( running >= PARALLEL )); then wait -n || true; running=$((running - 1)); fi
+            start_job "$PARALLEL" train_and_evaluate "$name" "$seed"
         done
     done
-    wait
+    (( DRY_RUN )) || wait_jobs || FAILED_RUNS=$FAILED_JOBS
 fi
 
-# 5. table, JSON and PNG
-has_step table || exit 0
-table=("$PYTHON" "$HERE/extrapolation.py" table --out "$OUT" --methods "${NAMES[*]}" --seeds "$SEEDS"
-       --lengths "${LENGTHS[*]}" --modes "$MODES" --train-length "$L_TRAIN" --stride "$SLIDE_STRIDE")
-show "${table[@]}"
-(( DRY_RUN )) && exit 0
-"${table[@]}"
-echo "==> $OUT/results.md, $OUT/results.json, $OUT/perplexity.png"
+# 5. table, JSON and PNG (of what finished)
+if has_step table; then
+    table=("$PYTHON" "$HERE/extrapolation.py" table --out "$OUT" --methods "${NAMES[*]}" --seeds "$SEEDS"
+           --lengths "${LENGTHS[*]}" --modes "$MODES" --train-length "$L_TRAIN" --stride "$SLIDE_STRIDE")
+    show "${table[@]}"
+    (( DRY_RUN )) && exit 0
+    "${table[@]}"
+    echo "==> $OUT/results.md, $OUT/results.json, $OUT/perplexity.png"
+fi
+if (( FAILED_RUNS )); then
+    echo "run.sh: error: $FAILED_RUNS of $(( ${#NAMES[@]} * $(wc -w <<< "$SEEDS") )) runs did not finish (each named" \
+         "above with its log; the table shows what finished): run the same command again to redo them" >&2
+    exit 1
+fi

@@ -4,7 +4,10 @@
 # SEQ_REL_CLIP, VARIANTS, ROW_NAME, OUT, LOGS, PREPARED, DATA_BIN, SPLITS, SRC, TGT, USER_DIR,
 # TRAIN_FLAGS, DEVICE_FLAGS, EXTRA_TRAIN_FLAGS and MAX_UPDATE; the parse step PARSER_ARGS (or PARSER,
 # STANZA_DIR, SPACY_MODEL, PARSE_WORKERS through set_parser_args), PARSE_SHARDS and PARSE_SHARD_ID;
-# clean_pairs CLEAN_MAX_LEN and CLEAN_RATIO.
+# clean_pairs CLEAN_MAX_LEN and CLEAN_RATIO. Each recipe takes examples/lib/workers.sh's lock on OUT and
+# stops its jobs with it (Ctrl-C, SIGTERM) before it writes anything.
+
+source "$(dirname "${BASH_SOURCE[0]}")/workers.sh"  # lock_output_folder, stop_jobs_with_the_recipe, start_job
 
 # Encoder flags of Wang et al.'s Table 1 rows. Rows 1-3 drop the encoder's sequential positions only
 # (--encoder-no-token-positional-embeddings); the decoder keeps its own, as in the paper.
@@ -51,16 +54,11 @@ run_to() {
     (( DRY_RUN )) && return 0
     "$@" > "$file" 2> "$log" || { tail -n 30 "$log" >&2; echo "run.sh: failed, see $log" >&2; exit 1; }
 }
-# in_parallel FUNC ARG...: FUNC ARG for every ARG, at most $JOBS at a time; fails if any failed
+# in_parallel FUNC ARG...: FUNC ARG for every ARG, at most $JOBS at a time (workers.sh's jobs); fails if any failed
 in_parallel() {
-    local fn="$1" failed=0 pid; shift
-    local pids=()
-    for arg in "$@"; do
-        if (( ${#pids[@]} >= JOBS )); then wait "${pids[0]}" || failed=1; pids=("${pids[@]:1}"); fi
-        "$fn" "$arg" & pids+=($!)
-    done
-    for pid in "${pids[@]}"; do wait "$pid" || failed=1; done
-    return "$failed"
+    local fn="$1" arg; shift
+    for arg in "$@"; do start_job "$JOBS" "$fn" "$arg"; done
+    wait_jobs
 }
 want() { [[ " $STEPS " == *" $1 "* ]]; }
 start=$SECONDS
@@ -116,13 +114,16 @@ parse_step() {
 
 # binarize_step TEST_PREFIXES: fairseq-preprocess of $PREPARED/{train,valid}.bpe and TEST_PREFIXES
 # (comma-separated: the splits test, test1, ...) into $DATA_BIN, one dictionary for both languages;
-# skipped when $DATA_BIN has it
+# skipped when $DATA_BIN has it. Binarized into $DATA_BIN.tmp and renamed once complete: a binarization cut
+# short (it writes the dictionary first) never passes for binarized data
 binarize_step() {
     stamp "binarize: fairseq-preprocess -> $DATA_BIN"
     if [[ -f "$DATA_BIN/dict.$SRC.txt" ]]; then echo "    (done already)"; return 0; fi
+    (( DRY_RUN )) || rm -rf "$DATA_BIN.tmp"
     run "$LOGS/preprocess.log" fairseq-preprocess --source-lang $SRC --target-lang $TGT \
         --trainpref "$PREPARED/train.bpe" --validpref "$PREPARED/valid.bpe" --testpref "$1" \
-        --destdir "$DATA_BIN" --joined-dictionary --workers "$CORES"
+        --destdir "$DATA_BIN.tmp" --joined-dictionary --workers "$CORES"
+    (( DRY_RUN )) || { rm -rf "$DATA_BIN"; mv "$DATA_BIN.tmp" "$DATA_BIN"; }
 }
 
 # structure_step: the side data (tree depth and DFS times per BPE piece + EOS) of every split,

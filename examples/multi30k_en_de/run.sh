@@ -90,7 +90,8 @@ TRAIN_FLAGS+=(--max-tokens "$SIZE_PER_DEVICE" --update-freq "$UPDATE_FREQ_PER_DE
 
 tag() { echo "row$1"; }
 
-(( DRY_RUN )) || mkdir -p "$OUT" "$LOGS"
+# one run per OUT (a second one stops here, naming the first); Ctrl-C / SIGTERM stops its jobs too
+(( DRY_RUN )) || { lock_output_folder "$OUT"; stop_jobs_with_the_recipe; mkdir -p "$LOGS"; }
 
 # 1. raw text: gunzip Multi30k into train/valid/test.{en,de}; Moses tokenization and joint BPE
 if want prepare; then

@@ -89,7 +89,8 @@ segment() {
     fi
 }
 
-(( DRY_RUN )) || mkdir -p "$OUT" "$LOGS"
+# one run per OUT (a second one stops here, naming the first); Ctrl-C / SIGTERM stops its jobs too
+(( DRY_RUN )) || { lock_output_folder "$OUT"; stop_jobs_with_the_recipe; mkdir -p "$LOGS"; }
 
 # 1. raw splits under fairseq's names; an evaluation set's target side for binarizing is its first
 #    reference, BLEU uses all N_REFS

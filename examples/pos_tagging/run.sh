@@ -8,6 +8,9 @@
 #   bash examples/pos_tagging/run.sh TRAIN.conllu[.gz] DEV.conllu [TEST.conllu]
 #   bash examples/pos_tagging/run.sh --dry-run [...]                   # print every command, run none
 #
+# A run whose training, scoring or tagging fails is named (FAILED ... with its folder) and the others go on;
+# the tables are made once every run has finished (the recipe exits 1 until then: the same command resumes
+# what failed).  One run per OUT (a lock); Ctrl-C or SIGTERM stops its trainings with it.
 # Device: the GPUs torch sees (all of them, the batch split over them), else the CPU; PRECISION=fp16,
 # bf16 or amp for mixed precision (examples/lib/device.sh).
 set -euo pipefail
@@ -40,7 +43,7 @@ LR=${LR:-0.001}
 
 source "$REPO/examples/pos_tagging/variants.sh"
 source "$REPO/examples/lib/device.sh"   # DEVICE_FLAGS (--cpu without a GPU), PRECISION_FLAGS, split_batch
-source "$REPO/examples/lib/commands.sh" # show, for_each_run
+source "$REPO/examples/lib/commands.sh" # show, for_each_run (examples/lib/workers.sh's jobs)
 split_batch "$MAX_TOKENS" 1 words
 for v in $VARIANTS; do
     [[ -n "${VARIANT_FLAGS[$v]:-}" ]] || { echo "run.sh: unknown variant '$v' (${!VARIANT_FLAGS[*]})" >&2; exit 2; }
@@ -52,7 +55,11 @@ done
 PATIENCE_FLAGS=()                       # fairseq's own default (-1) when off: the shipped configs leave it out
 (( PATIENCE > 0 )) && PATIENCE_FLAGS=(--patience "$PATIENCE")
 DATA=$OUT/data-bin
-(( DRY_RUN )) || mkdir -p "$OUT/logs"
+if (( ! DRY_RUN )); then
+    lock_output_folder "$OUT"           # one run per OUT: a second one stops here, naming the first
+    stop_jobs_with_the_recipe           # Ctrl-C / SIGTERM: the trainings stop too
+    mkdir -p "$OUT/logs"
+fi
 export OMP_NUM_THREADS=$THREADS MKL_NUM_THREADS=$THREADS
 
 # 1. vocabularies and binarized splits (t = 60 words, 20 characters, 50% of the words)
@@ -63,11 +70,13 @@ if [[ ! -f "$DATA/tagging.json" ]]; then
     (( DRY_RUN )) || "${prepare[@]}" > "$OUT/logs/prepare.log" 2>&1 || { tail -n 5 "$OUT/logs/prepare.log" >&2; exit 1; }
 fi
 
-# 2. train, then score and tag from the last checkpoint in fresh processes
+# 2. train, then score and tag from the last checkpoint in fresh processes; a training that runs first deletes
+#    the scores of an earlier model (an interrupted training, a raised budget), which are made again
 train_and_score() {
-    local variant=$1 seed=$2 run="$OUT/runs/$1/seed$2" start
+    local variant=$1 seed=$2 run="$OUT/runs/$1/seed$2" start status=0
     (( DRY_RUN )) || mkdir -p "$run"
     if ! grep -q "done training" "$run/train.log" 2>/dev/null; then
+        (( DRY_RUN )) || rm -f "$run/validate.log" "$run/dev.pred.conllu" "$run/tag.log"
         start=$(date +%s)
         # shellcheck disable=SC2206  # the variant's flags are a word list
         local train=(fairseq-train "$DATA" --user-dir "$USER_DIR"
@@ -80,7 +89,13 @@ train_and_score() {
                      --seed "$seed" --num-workers 0 --log-format simple --log-interval 50 "${DEVICE_FLAGS[@]}")
         show "${train[@]}"
         if (( ! DRY_RUN )); then
-            "${train[@]}" > "$run/train.log" 2>&1 || { tail -n 20 "$run/train.log" >&2; return 1; }
+            "${train[@]}" > "$run/train.log" 2>&1 || status=$?
+            if (( status )); then
+                tail -n 20 "$run/train.log" >&2
+                echo "run.sh: error: the training of $variant seed $seed did not finish (fairseq-train:" \
+                     "$(how_it_ended "$status"); see $run/train.log): it is not scored" >&2
+                return 1
+            fi
             echo "wall_seconds $(( $(date +%s) - start ))" >> "$run/train.log"
         fi
     fi
@@ -95,13 +110,19 @@ train_and_score() {
     show "${tag[@]}"
     (( DRY_RUN )) && return 0
     "${validate[@]}" > "$run/validate.log" 2>&1 || { tail -n 20 "$run/validate.log" >&2; return 1; }
-    "${tag[@]}" > "$run/tag.log" 2>&1
+    "${tag[@]}" > "$run/tag.log" 2>&1 || { tail -n 5 "$run/tag.log" >&2; return 1; }
     echo "done ${VARIANT_NAME[$variant]} seed $seed"
 }
 
 # every variant and seed, PARALLEL at a time (--dry-run: printed in order)
-for_each_run train_and_score
+failed=0
+for_each_run train_and_score || failed=$FAILED_JOBS
 (( DRY_RUN )) && exit 0
+if (( failed )); then
+    echo "run.sh: error: $failed of $(( $(wc -w <<< "$VARIANTS") * $(wc -w <<< "$SEEDS") )) runs failed (each named" \
+         "above with its folder); the tables are made once every run has finished: run the same command again" >&2
+    exit 1
+fi
 
 # 3. table (mean and sd over seeds) and learning curves (dev accuracy against updates)
 table=() curves=()

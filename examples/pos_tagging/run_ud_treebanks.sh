@@ -7,6 +7,8 @@
 # UD_ROOT holds the UD_<Language>-<Name> folders of the release (CoNLL 2018 shared task data).
 # Every setting of run.sh (VARIANTS, SEEDS, MAX_UPDATE, ...) applies to each treebank; a finished
 # treebank is skipped on a re-run.  TREEBANKS limits the loop, e.g. TREEBANKS="English-GUM Dutch-Alpino".
+# A treebank whose run.sh fails is named, the others go on, the table holds those that finished, and the
+# script exits 1.  One run per OUT_ROOT (a lock); Ctrl-C or SIGTERM stops the treebank's run.sh with it.
 set -euo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 UD_ROOT=${1:?usage: run_ud_treebanks.sh UD_ROOT (the folder of UD_* treebank folders)}
@@ -15,6 +17,7 @@ VARIANTS=${VARIANTS:-"pe_add p_r temp conv conv2d"}
 export VARIANTS
 source "$REPO/examples/pos_tagging/variants.sh"
 source "$REPO/examples/lib/device.sh"  # GPUS checked against the devices torch sees, once for every treebank
+source "$REPO/examples/lib/workers.sh" # lock_output_folder, stop_jobs_with_the_recipe
 export GPUS
 # Dufter et al.'s list (Table 2d), written as UD folder names without the UD_ prefix
 PAPER_TREEBANKS="Afrikaans-AfriBooms Ancient_Greek-PROIEL Ancient_Greek-Perseus Arabic-PADT Basque-BDT
@@ -44,7 +47,9 @@ if (( ! found )); then
     exit 1
 fi
 
-done_list=()
+lock_output_folder "$OUT_ROOT"
+stop_jobs_with_the_recipe  # run.sh runs as a job: Ctrl-C or SIGTERM stops it (and its trainings) first
+done_list=() failed_list=()
 for treebank in $TREEBANKS; do
     dir="$UD_ROOT/UD_$treebank"
     train=$(one_file "$dir" train || true) dev=$(one_file "$dir" dev || true) test=$(one_file "$dir" test || true)
@@ -53,11 +58,21 @@ for treebank in $TREEBANKS; do
         continue
     fi
     echo "== $treebank"
-    OUT="$OUT_ROOT/$treebank" bash "$REPO/examples/pos_tagging/run.sh" "$train" "$dev" $test > /dev/null
-    done_list+=("$treebank")
+    status=0
+    OUT="$OUT_ROOT/$treebank" bash "$REPO/examples/pos_tagging/run.sh" "$train" "$dev" $test > /dev/null &
+    wait $! || status=$?
+    if (( status )); then failed_list+=("$treebank"); else done_list+=("$treebank"); fi
 done
+if (( ${#done_list[@]} == 0 )); then
+    echo "run_ud_treebanks.sh: error: no treebank finished (${failed_list[*]} failed, each named above)" >&2; exit 1
+fi
 
 table=()
 for variant in $VARIANTS; do table+=(--variant "${VARIANT_NAME[$variant]}=runs/$variant"); done
 python "$REPO/examples/pos_tagging/results_table.py" --treebank-root "$OUT_ROOT" --treebanks "${done_list[@]}" \
     "${table[@]}" | tee "$OUT_ROOT/results.md"
+if (( ${#failed_list[@]} )); then
+    echo "run_ud_treebanks.sh: error: ${#failed_list[@]} treebank(s) did not finish: ${failed_list[*]} (each named" \
+         "above; the table holds the others): run the same command again to carry on" >&2
+    exit 1
+fi

@@ -16,10 +16,9 @@ from typing import Dict, Iterator, List
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
 from data import shifted_inputs
-from model import PositionLM
 
 MODES = ("nonoverlapping", "sliding")
 
@@ -60,8 +59,9 @@ def batches_of_equal_length(all_windows: List[Window], max_tokens: int) -> Itera
 
 
 @torch.no_grad()
-def evaluate(model: PositionLM, targets: Tensor, mode: str, length: int, max_tokens: int = 8192) -> Dict[str, float]:
-    """Perplexity of ``model`` on the stream ``targets`` in ``mode`` at evaluation length ``length``:
+def evaluate(model: nn.Module, targets: Tensor, mode: str, length: int, max_tokens: int = 8192) -> Dict[str, float]:
+    """Perplexity of ``model`` (tokens ``(batch, length)`` to next-token logits ``(batch, length, vocab)``) on the
+    stream ``targets`` in ``mode`` at evaluation length ``length``:
     ``{"ppl", "loss" (base 2, fairseq's), "nll" (nats), "tokens", "seconds"}``."""
     model.eval()
     inputs = shifted_inputs(targets)

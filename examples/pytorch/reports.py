@@ -5,8 +5,12 @@ written under a temporary name and renamed, so an interrupted run never leaves a
 import json
 import os
 import statistics
+import sys
 from pathlib import Path
 from typing import Dict, List, Sequence
+
+sys.path.insert(1, str(Path(__file__).resolve().parents[2] / "scripts"))  # the tools' reader of JSON files, by name
+from posattn_tools.json_files import read_json  # noqa: E402
 
 Record = Dict[str, object]
 
@@ -23,8 +27,9 @@ def write_json(path: Path, value: object) -> None:
 
 
 def read_records(path: Path) -> List[Record]:
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
+    """A run's ``results.json``; a damaged one stops the command in one line naming it (delete its folder to redo
+    that run)."""
+    return read_json(path, f"delete its folder {path.parent} to redo that run", list)  # type: ignore[return-value]
 
 
 def mean_sd(values: Sequence[float]) -> str:
@@ -55,10 +60,21 @@ def markdown_table(records: List[Record], methods: Sequence[str], lengths: Seque
 
 
 def markdown(records: List[Record], methods: Sequence[str], lengths: Sequence[int], modes: Sequence[str],
-             train_length: int) -> str:
-    """results.md: validation perplexity (exp of the mean token NLL) per mode."""
-    parts = [f"# Plain-PyTorch length extrapolation: trained on {train_length} tokens\n",
+             train_length: int, recipe: str = "Plain-PyTorch") -> str:
+    """results.md: validation perplexity (exp of the mean token NLL) per mode; ``recipe`` names the recipe in the
+    title."""
+    parts = [f"# {recipe} length extrapolation: trained on {train_length} tokens\n",
              "Validation perplexity, mean ± sd over the seeds.\n"]
     for mode in modes:
         parts += [f"## {mode}\n", markdown_table(records, methods, lengths, mode), ""]
     return "\n".join(parts) + "\n"
+
+
+def write_reports(out: Path, results: Sequence[Path], methods: Sequence[str], lengths: Sequence[int],
+                  modes: Sequence[str], train_length: int, recipe: str = "Plain-PyTorch") -> None:
+    """``OUT/results.json``, every run's records (``results``: the runs' files), and ``OUT/results.md``, their
+    tables (:func:`markdown`), each written under a temporary name and renamed."""
+    records = [record for path in results for record in read_records(path)]
+    write_json(out / "results.json", records)
+    write_atomically(out / "results.md", markdown(records, methods, lengths, modes, train_length, recipe=recipe))
+    print(f"==> {out / 'results.md'}, {out / 'results.json'}")

@@ -13,7 +13,8 @@
 # fairseq-hydra-train configs: fairseq_posattn/configs/quickstart/ (docs/hydra_configs.md).
 # Without a GPU the two models train at once, each on half the cores. Where torch sees a GPU they train
 # there one after the other (on every GPU it sees, the batch split over them); PRECISION=fp16, bf16 or
-# amp turns on mixed precision (examples/lib/device.sh).
+# amp turns on mixed precision (examples/lib/device.sh). One run per output folder (a second one stops at
+# once, naming the first); Ctrl-C or SIGTERM stops its parses and trainings with it.
 set -euo pipefail
 DRY_RUN=0
 if [[ "${1:-}" == "--dry-run" ]]; then DRY_RUN=1; fi
@@ -55,6 +56,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 REPO_ROOT="$(pwd)"
 USER_DIR="$REPO_ROOT/fairseq_posattn"
 source examples/lib/device.sh  # DEVICE_FLAGS (--cpu without a GPU), PRECISION_FLAGS, split_batch, GPUS
+source examples/lib/workers.sh # lock_output_folder, stop_jobs_with_the_recipe
 split_batch "$MAX_TOKENS" 1 tokens
 TRAIN_FLAGS+=(--max-tokens "$SIZE_PER_DEVICE" --update-freq "$UPDATE_FREQ_PER_DEVICE" "${PRECISION_FLAGS[@]}")
 if (( GPUS == 0 )); then  # two jobs at a time (parses, trainings, beam searches), each on half the cores
@@ -95,6 +97,8 @@ PREPARED="$OUT/prepared"
 DATA_BIN="$OUT/data-bin"
 LOGS="$OUT/logs"
 if (( ! DRY_RUN )); then
+    lock_output_folder "$OUT"
+    stop_jobs_with_the_recipe
     # Rebuilt from scratch: fairseq-preprocess refuses an existing dictionary and fairseq-train would
     # resume from an old checkpoint_last.pt and stop at once.
     rm -rf "$PREPARED" "$DATA_BIN" "$LOGS" "$OUT"/checkpoints-* "$OUT"/generate-* "$OUT"/bleu.md

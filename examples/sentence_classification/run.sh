@@ -9,6 +9,9 @@
 #   bash examples/sentence_classification/run.sh DIR          # DIR/stsa.binary.{train,dev}, e.g. data/sst2_sample
 #   bash examples/sentence_classification/run.sh --dry-run [DIR]   # print every command, run none
 #
+# A run whose training or re-scoring fails is named (FAILED ... with its folder) and the others go on; the
+# table and curves are made once every run has finished (the recipe exits 1 until then: the same command
+# resumes what failed).  One run per OUT (a lock); Ctrl-C or SIGTERM stops its trainings with it.
 # Device: the GPUs torch sees (all of them, the batch split over them), else the CPU; PRECISION=fp16,
 # bf16 or amp for mixed precision (examples/lib/device.sh).
 set -euo pipefail
@@ -52,29 +55,37 @@ for split in train dev; do
 done
 
 source "$REPO/examples/lib/device.sh"      # DEVICE_FLAGS (--cpu without a GPU), PRECISION_FLAGS, split_batch
-source "$REPO/examples/lib/commands.sh"    # show, for_each_run
+source "$REPO/examples/lib/commands.sh"    # show, for_each_run (examples/lib/workers.sh's jobs)
 split_batch "$BATCH_SIZE" 1 sentences
 
 DATA=$OUT/data-bin
-(( DRY_RUN )) || mkdir -p "$OUT/logs"
+if (( ! DRY_RUN )); then
+    lock_output_folder "$OUT"              # one run per OUT: a second one stops here, naming the first
+    stop_jobs_with_the_recipe              # Ctrl-C / SIGTERM: the trainings stop too
+    mkdir -p "$OUT/logs"
+fi
 export OMP_NUM_THREADS=$THREADS MKL_NUM_THREADS=$THREADS
 
-# 1. label / sentence files, then fairseq's binarized input0/ and label/ folders
+# 1. label / sentence files, then fairseq's binarized input0/ and label/ folders, made in data-bin.tmp and
+#    renamed data-bin once both are complete (a binarization cut short never passes for prepared data)
 if [[ ! -f "$DATA/label/dict.txt" ]]; then
     split=(posattn-prepare-classification --train "$SST2/stsa.binary.train" --valid "$SST2/stsa.binary.dev"
            --labels 0 1 --destdir "$OUT/text")
     binarize_sentences=(fairseq-preprocess --only-source --trainpref "$OUT/text/train.input0"
-                        --validpref "$OUT/text/valid.input0" --thresholdsrc "$WORD_THRESHOLD" --destdir "$DATA/input0"
-                        --workers 1)
+                        --validpref "$OUT/text/valid.input0" --thresholdsrc "$WORD_THRESHOLD"
+                        --destdir "$DATA.tmp/input0" --workers 1)
     binarize_labels=(fairseq-preprocess --only-source --trainpref "$OUT/text/train.label"
-                     --validpref "$OUT/text/valid.label" --destdir "$DATA/label" --workers 1)
+                     --validpref "$OUT/text/valid.label" --destdir "$DATA.tmp/label" --workers 1)
     show "${split[@]}"
     show "${binarize_sentences[@]}"
     show "${binarize_labels[@]}"
     if (( ! DRY_RUN )); then
+        rm -rf "$DATA.tmp"
         "${split[@]}" > "$OUT/logs/split.log" 2>&1 || { tail -n 3 "$OUT/logs/split.log" >&2; exit 1; }
         "${binarize_sentences[@]}" > "$OUT/logs/preprocess.log" 2>&1
         "${binarize_labels[@]}" >> "$OUT/logs/preprocess.log" 2>&1
+        rm -rf "$DATA"
+        mv "$DATA.tmp" "$DATA"
     fi
 fi
 
@@ -82,10 +93,12 @@ fi
 #    (--required-batch-size-multiple 1: fairseq would otherwise drop the last dev batch)
 TASK_FLAGS=(--user-dir "$USER_DIR" --task sentence_prediction --num-classes 2 --max-positions "$MAX_POSITIONS"
             --criterion sentence_prediction --required-batch-size-multiple 1 --num-workers 0 "${DEVICE_FLAGS[@]}")
+#    a training that runs first deletes the re-score of an earlier model, which is made again
 train_and_score() {
-    local variant=$1 seed=$2 run="$OUT/runs/$1/seed$2"
+    local variant=$1 seed=$2 run="$OUT/runs/$1/seed$2" status=0
     (( DRY_RUN )) || mkdir -p "$run"
     if ! grep -q "done training" "$run/train.log" 2>/dev/null; then
+        (( DRY_RUN )) || rm -f "$run/validate.log"
         # shellcheck disable=SC2206  # the variant's flags and MODEL_FLAGS are word lists
         local train=(fairseq-train "$DATA" "${TASK_FLAGS[@]}" --arch "$ARCH" ${VARIANT_FLAGS[$variant]} $MODEL_FLAGS
                      --optimizer adam --lr "$LR" --batch-size "$SIZE_PER_DEVICE" --update-freq "$UPDATE_FREQ_PER_DEVICE"
@@ -96,7 +109,13 @@ train_and_score() {
                      --seed "$seed" --log-format simple --log-interval 50)
         show "${train[@]}"
         if (( ! DRY_RUN )); then
-            "${train[@]}" > "$run/train.log" 2>&1 || { tail -n 20 "$run/train.log" >&2; return 1; }
+            "${train[@]}" > "$run/train.log" 2>&1 || status=$?
+            if (( status )); then
+                tail -n 20 "$run/train.log" >&2
+                echo "run.sh: error: the training of $variant seed $seed did not finish (fairseq-train:" \
+                     "$(how_it_ended "$status"); see $run/train.log): it is not scored" >&2
+                return 1
+            fi
         fi
     fi
     local validate=(fairseq-validate "$DATA" "${TASK_FLAGS[@]}" --path "$run/checkpoints/checkpoint_best.pt" --batch-size 128)
@@ -112,9 +131,16 @@ train_and_score() {
 }
 
 start=$(date +%s)
-for_each_run train_and_score
+failed=0
+for_each_run train_and_score || failed=$FAILED_JOBS
 (( DRY_RUN )) && exit 0
 echo "trainings and re-scoring: $(( $(date +%s) - start )) s wall"
+if (( failed )); then
+    echo "run.sh: error: $failed of $(( $(wc -w <<< "$VARIANTS") * $(wc -w <<< "$SEEDS") )) runs failed (each named" \
+         "above with its folder); the table and curves are made once every run has finished: run the same command" \
+         "again" >&2
+    exit 1
+fi
 
 # 3. table (best and final dev accuracy, mean ± sd over seeds) and learning curves
 curves=()

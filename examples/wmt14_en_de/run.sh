@@ -94,7 +94,8 @@ download() {
     fi
 }
 
-(( DRY_RUN )) || mkdir -p "$OUT" "$LOGS"
+# one run per OUT (a second one stops here, naming the first); Ctrl-C / SIGTERM stops its jobs too
+(( DRY_RUN )) || { lock_output_folder "$OUT"; stop_jobs_with_the_recipe; mkdir -p "$LOGS"; }
 
 # 0. (optional) fetch the raw data
 if want download; then stamp "download: statmt.org -> $WMT14_DIR"; download; fi

@@ -85,10 +85,11 @@ class AttentionMap:
 class TermQuantities:
     """What the position terms of one method in one self-attention layer show: the
     :class:`Quantity` records of the terms' ``inspect``, under the method's name. ``positions`` is
-    the number of positions asked for (a term built for fewer positions shows its t)."""
+    the number of positions asked for (a term built for fewer positions shows its t); ``layer`` is None for what
+    the side's layers share (a side-wide table or set of parameters)."""
 
     side: str
-    layer: int
+    layer: Optional[int]
     method: str
     positions: int
     quantities: List[Quantity]
@@ -334,7 +335,7 @@ def shown_key(term: nn.Module) -> Tuple[int, ...]:
 def all_term_quantities(model: nn.Module, maps: Sequence[AttentionMap], tokens: Dict[str, List[str]],
                         positions: Optional[int]) -> List[TermQuantities]:
     """What the position terms of every self-attention layer show, one record per side, layer and
-    method (a term that reads a side-wide module, once, at the side's first layer); ``positions``
+    method (a term that reads a side-wide module, once per side, with layer None); ``positions``
     defaults to the side's sentence length."""
     found: Dict[Tuple[str, int, str], TermQuantities] = {}
     seen = set()
@@ -346,8 +347,8 @@ def all_term_quantities(model: nn.Module, maps: Sequence[AttentionMap], tokens: 
             seen.add(shown_key(term))
             quantities = term.inspect(n) + before_after(term, maps, side, layer, tokens[side])
             if quantities:
-                method = method_of(term).name
-                record = found.setdefault((side, layer, method), TermQuantities(side, layer, method, n, []))
+                method, shown_layer = method_of(term).name, None if term.side_modules() else layer
+                record = found.setdefault((side, shown_layer, method), TermQuantities(side, shown_layer, method, n, []))
                 record.quantities += quantities
     return list(found.values())
 

@@ -139,12 +139,14 @@ def heatmap_grid(panels: Sequence[Panel], title: str, path: str, cmap: str = ATT
 
 
 def sorted_bars(series: Dict[str, Tuple[List[str], np.ndarray]], title: str, path: str) -> None:
-    """One bar chart per series, bars sorted from largest to smallest (Wu et al. 2021, Fig. 6-7)."""
+    """One bar chart per series, bars sorted from largest to smallest (Wu et al. 2021, Fig. 6-7) by the first
+    series: every series of the same heads keeps that order, so that a head's bars line up panel under panel."""
     width = min(16.0, max(5.0, 0.3 * max(len(v) for _, v in series.values()) + 1.5))
     fig, axes = plt.subplots(len(series), 1, figsize=(width, 3.0 * len(series)), squeeze=False,
                              constrained_layout=True)
+    orders = bar_orders(series)
     for ax, (name, (labels, values)) in zip(axes[:, 0], series.items()):
-        order = np.argsort(-values, kind="stable")
+        order = orders[name]
         ax.bar(range(len(values)), values[order], color=np.where(values[order] >= 0, "tab:blue", "tab:red"))
         ax.set_xticks(range(len(values)))
         ax.set_xticklabels([labels[i] for i in order], rotation=90, fontsize=FONT_SIZE)
@@ -153,6 +155,15 @@ def sorted_bars(series: Dict[str, Tuple[List[str], np.ndarray]], title: str, pat
         ax.tick_params(axis="y", labelsize=FONT_SIZE)
     fig.suptitle(title, fontsize=FONT_SIZE + 2)
     save(fig, path)
+
+
+def bar_orders(series: Dict[str, Tuple[List[str], np.ndarray]]) -> Dict[str, np.ndarray]:
+    """Each series' bar order: the first series' values from largest to smallest, for every series of the same
+    heads (its labels); a series of other heads by its own values."""
+    first_labels, first_values = next(iter(series.values()))
+    first_order = np.argsort(-first_values, kind="stable")
+    return {name: first_order if labels == first_labels else np.argsort(-values, kind="stable")
+            for name, (labels, values) in series.items()}
 
 
 def save(fig: Figure, path: str) -> None:
@@ -187,25 +198,30 @@ def draw_method(inspection: Inspection, method: str, out: str) -> List[str]:
     cited = f"{method} ({citation})" if citation else method
     paths = []
     for t in entries:
+        where, named = (f"{t.side} layer {t.layer}", f"{t.side}-layer{t.layer}") if t.layer is not None else (
+            f"{t.side}, every layer", t.side)
         for q in t.quantities:
             if q.layout != BARS:
-                path = os.path.join(out, f"{t.side}-layer{t.layer}-{method}-{q.name}.png")
-                LAYOUT_DRAWERS[q.layout](q, f"{cited}, {t.side} layer {t.layer}: {q.title}", path)
+                path = os.path.join(out, f"{named}-{method}-{q.name}.png")
+                LAYOUT_DRAWERS[q.layout](q, f"{cited}, {where}: {q.title}", path)
                 paths.append(path)
     for side, series in per_head_series(entries).items():
         path = os.path.join(out, f"{side}-{method}-per-head.png")
-        sorted_bars(series, f"{cited}, {side}: per layer and head, sorted", path)
+        first = next(iter(series))
+        sorted_bars(series, f"{cited}, {side}: per head, sorted by {first}", path)
         paths.append(path)
     return paths
 
 
 def per_head_series(entries: Sequence[TermQuantities]) -> Dict[str, Dict[str, Tuple[List[str], np.ndarray]]]:
-    """Per side, each per-head quantity of every layer as one series labelled ``L{layer}H{head}``."""
+    """Per side, each per-head quantity of every layer as one series labelled ``L{layer}H{head}`` (``H{head}``: one
+    the side's layers share)."""
     sides: Dict[str, Dict[str, Tuple[List[str], List[float]]]] = {}
     for t in entries:
+        layer = "" if t.layer is None else f"L{t.layer}"
         for q in (q for q in t.quantities if q.layout == BARS):
             labels, values = sides.setdefault(t.side, {}).setdefault(q.title, ([], []))
-            labels += [f"L{t.layer}H{h}" for h in range(q.values.numel())]
+            labels += [f"{layer}H{h}" for h in range(q.values.numel())]
             values += q.values.float().tolist()
     return {side: {name: (labels, np.array(values)) for name, (labels, values) in series.items()}
             for side, series in sides.items()}

@@ -23,6 +23,7 @@ flags (the record's first form), which are compared as they were.
 import argparse
 import contextlib
 import functools
+import inspect
 import json
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
@@ -48,7 +49,7 @@ NOT_RECORDED_SUFFIXES = ("_init", "_embed_path", "layerdrop", "layers_to_keep")
 NOT_RECORDED_PARTS = ("dropout", "quant_noise")
 #: fairseq's commands that train: there a changed model is fine-tuned with the reset flag
 TRAINING_ADVICE = ("give the checkpoint's options (or another --save-dir for a new model), or add {reset} to "
-                   "fine-tune it into the new one")
+                   "fine-tune it into the new one (and --reset-optimizer where the two methods' parameters differ)")
 #: everywhere else (fairseq-generate, -eval-lm, -validate, -interactive, the hub) the options come from the
 #: checkpoint, changed only by overrides
 LOADING_ADVICE = ("load it with the options it was trained with (drop them from --model-overrides, or from the "
@@ -56,6 +57,8 @@ LOADING_ADVICE = ("load it with the options it was trained with (drop them from 
                   "the other model")
 
 _trainer_loads = False
+#: whether the trainer's load also loads the checkpoint's optimizer state (no --reset-optimizer)
+_optimizer_loads = False
 
 
 def is_recorded(name: str) -> bool:
@@ -211,15 +214,23 @@ def decode(flags: torch.Tensor) -> str:
 
 
 @contextlib.contextmanager
-def trainer_loads() -> Iterator[None]:
+def trainer_loads(optimizer: bool = False) -> Iterator[None]:
     """Marks fairseq's ``Trainer.load_checkpoint`` (fairseq-train's resume and ``--finetune-from-model``), where
-    a refusal advises the reset flag; every other load takes the checkpoint's own options."""
-    global _trainer_loads
-    before, _trainer_loads = _trainer_loads, True
+    a refusal advises the reset flag; every other load takes the checkpoint's own options. ``optimizer``: the load
+    restores the checkpoint's optimizer state too."""
+    global _trainer_loads, _optimizer_loads
+    before = _trainer_loads, _optimizer_loads
+    _trainer_loads, _optimizer_loads = True, optimizer
     try:
         yield
     finally:
-        _trainer_loads = before
+        _trainer_loads, _optimizer_loads = before
+
+
+def optimizer_state_loads() -> bool:
+    """Whether the load in progress restores the checkpoint's optimizer state (fairseq-train without
+    ``--reset-optimizer``), which needs the checkpoint's parameters."""
+    return _optimizer_loads
 
 
 def install() -> None:
@@ -230,9 +241,13 @@ def install() -> None:
     if getattr(original, "marks_training_loads", False):
         return
 
+    signature = inspect.signature(original)
+
     @functools.wraps(original)
     def load_checkpoint(self: Any, *args: Any, **kwargs: Any) -> Any:
-        with trainer_loads():
+        call = signature.bind(self, *args, **kwargs)
+        call.apply_defaults()
+        with trainer_loads(optimizer=not call.arguments["reset_optimizer"]):
             return original(self, *args, **kwargs)
 
     load_checkpoint.marks_training_loads = True  # type: ignore[attr-defined]

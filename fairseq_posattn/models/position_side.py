@@ -17,6 +17,7 @@ registering it: the state dict holds it once, as ``{side}.position_shared.{name}
 layer registered it are upgraded when they load (:func:`upgrade_shared`).
 """
 
+import logging
 from typing import Any, Callable, Dict, List, Mapping, Optional
 
 import torch
@@ -25,7 +26,8 @@ from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 from torch import Tensor, nn
 
 from posattn.position_options import SidePositionOptions
-from fairseq_posattn.models.position_record import PositionOptionsRecord
+from fairseq_posattn.models.position_record import PositionOptionsRecord, optimizer_state_loads
+from posattn.position_options import PositionOptionError
 from posattn.position_context import PositionContext, SequenceTables
 from posattn.position_terms.base import PositionTerm
 from posattn.position_terms.side_inputs import InputPositionEmbedding
@@ -33,6 +35,13 @@ from posattn.errors import UserError
 
 #: what a side's tokens are, as side data errors name them
 BATCH_NAMES = {"encoder": "source batch", "decoder": "target batch"}
+#: the modules that hold a side's position method (its layers' terms by kind, the side's shared modules, its input
+#: position embeddings), by their names in the state dict: what ``--{side}-reset-position-options`` may reshape
+METHOD_MODULES = frozenset({"query_key_terms", "additive_terms", "scaling_term", "key_value_terms",
+                            "post_softmax_term", "projection_term", "token_difference_terms", "row_term",
+                            "position_shared", "position_input", "embed_positions"})
+
+logger = logging.getLogger(__name__)
 
 
 class PositionSide:
@@ -74,9 +83,12 @@ class PositionSide:
 
     def upgrade(self, owner: nn.Module, state_dict: Dict[str, Tensor], name: str) -> None:
         """Weights from before the side owned its layers' shared modules (:func:`upgrade_shared`) and its input
-        position embedding (:func:`upgrade_input_embedding`)."""
+        position embedding (:func:`upgrade_input_embedding`); with ``--{side}-reset-position-options``, the
+        weights of another method (:func:`adopt_method_weights`)."""
         upgrade_shared(owner, state_dict, name)
         upgrade_input_embedding(owner, state_dict, name)
+        if self.options.values.get("reset_position_options", False):
+            adopt_method_weights(owner, state_dict, name, self.options.flag("reset_position_options"))
 
     def context(self, tokens: Tensor, padding_idx: int, side_inputs: Optional[Mapping[str, Tensor]] = None,
                 tables: Optional[SequenceTables] = None) -> PositionContext:
@@ -183,6 +195,37 @@ def upgrade_input_embedding(side: nn.Module, state_dict: Dict[str, Tensor], name
         old = f"{prefix}{legacy}."
         for key in [key for key in state_dict if key.startswith(old)]:
             state_dict[f"{prefix}position_input.{key[len(old):]}"] = state_dict.pop(key)
+
+
+def is_method_key(key: str) -> bool:
+    """Whether a state-dict key (relative to its side) belongs to the side's position method (:data:`METHOD_MODULES`)."""
+    return not METHOD_MODULES.isdisjoint(key.split("."))
+
+
+def adopt_method_weights(side: nn.Module, state_dict: Dict[str, Tensor], name: str, flag: str) -> None:
+    """Fine-tuning one method into another (``--{side}-reset-position-options``): of the position method's tensors
+    (:func:`is_method_key`), those the checkpoint and this side both hold with one shape load; this side's others
+    keep the initialisation their method documents; the checkpoint's others are dropped. Each group is named in
+    one log line. Every other tensor loads as fairseq loads it (a mismatch is still fairseq's error)."""
+    prefix = f"{name}." if name else ""
+    own = {prefix + key: tensor for key, tensor in side.state_dict().items() if is_method_key(key)}
+    saved = [key for key in state_dict if key.startswith(prefix) and is_method_key(key[len(prefix):])]
+    initialised = sorted(key for key, tensor in own.items()
+                         if key not in state_dict or state_dict[key].shape != tensor.shape)
+    dropped = sorted(key for key in saved if key not in own)
+    parameters = {prefix + key for key, _ in side.named_parameters()}
+    if optimizer_state_loads() and (parameters.intersection(initialised) or dropped):
+        raise PositionOptionError(f"{flag}: the new method's parameters differ from the checkpoint's "
+                                  f"({', '.join(initialised + dropped)}), so its optimizer state cannot be restored "
+                                  "into them: add --reset-optimizer (--finetune-from-model resets it)")
+    for key in initialised:
+        state_dict[key] = own[key].detach().clone()
+    for key in dropped:
+        del state_dict[key]
+    if initialised or dropped:
+        logger.info("%s: %d of the position method's tensors loaded; initialised as the new method's: %s; dropped "
+                    "from the checkpoint: %s", flag, len(own) - len(initialised), ", ".join(initialised) or "none",
+                    ", ".join(dropped) or "none")
 
 
 def legacy_copies(side: nn.Module, prefix: str) -> Dict[str, List[str]]:

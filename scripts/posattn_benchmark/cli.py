@@ -13,7 +13,7 @@ from posattn_benchmark.header import MALLOC_NOTES
 from posattn_benchmark.paths import EWT_DEV, EWT_SAMPLE
 from posattn_benchmark.readme import README_END, README_START, replace_section, section_error
 from posattn_benchmark.report import render
-from posattn_benchmark.runner import Runner, logger, measure_prepare
+from posattn_benchmark.runner import IWSLT_SIZES, Runner, logger, measure_prepare
 from posattn_benchmark.variants import (
     DEFAULT_DECODE_VARIANTS, POSATTN_LM_ARCH, VANILLA_LM_ARCH, VARIANT_SETS, VARIANTS_BY_NAME, expand_variant_sets,
 )
@@ -57,8 +57,15 @@ def parse_cli(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         help=f"add two language-model groups, `{VANILLA_LM_ARCH}` vs `{POSATTN_LM_ARCH}` (the lm-* "
         f"variants) of the translation models' decoder sizes: sentences of --min-len to --max-len "
         f"tokens and blocks of {LONG_LENGTH}")
+    add("--huggingface", action="store_true",
+        help="add the Hugging Face group: transformers' LlamaForCausalLM on SDPA with its own RoPE (the language "
+        "models' --embed-dim, --ffn-dim and --heads, --hf-layers layers) against the same model switched to each "
+        "method by posattn_huggingface.apply_position_method (the hf-* variants; the ones it refuses are listed), "
+        "on the language-model sentences: train-step time and greedy generation (model.generate with the cache) "
+        "of --decode-length tokens; skipped, with the reason, without transformers")
+    add("--hf-layers", type=int, default=4, help="layers of the --huggingface Llama (default: %(default)s)")
     add("--skip-short", action="store_true",
-        help="leave out the Multi30k-like translation group (to measure only --long or --lm)")
+        help="leave out the Multi30k-like translation group (to measure only --long, --lm or --huggingface)")
     add("--lm-batch-size", type=int, default=8,
         help=f"blocks of {LONG_LENGTH} tokens per batch in the --lm blocks group (default: %(default)s)")
     add("--lm-block-lengths", type=int, nargs="+", default=[LONG_LENGTH], metavar="N",
@@ -122,8 +129,13 @@ def parse_cli(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                      "--warmup >= 0")
     if not 2 <= cli.min_len <= cli.max_len <= cli.max_positions:
         parser.error("need 2 <= --min-len <= --max-len <= --max-positions")
-    if cli.skip_short and not (cli.long or cli.lm):
-        parser.error("--skip-short leaves nothing to measure without --long or --lm")
+    if cli.skip_short and not (cli.long or cli.lm or cli.huggingface):
+        parser.error("--skip-short leaves nothing to measure without --long, --lm or --huggingface")
+    if cli.hf_layers < 1:
+        parser.error("--hf-layers must be >= 1")
+    embed_dim, heads = cli.embed_dim or IWSLT_SIZES["embed-dim"], cli.heads or IWSLT_SIZES["attention-heads"]
+    if embed_dim % heads:
+        parser.error(f"--embed-dim {embed_dim} is not divisible by --heads {heads}: every model would refuse it")
     if min(cli.lm_block_lengths) < 2 or (cli.lm_block_tokens is not None and cli.lm_block_tokens < 2):
         parser.error("--lm-block-lengths and --lm-block-tokens must be >= 2")
     if cli.readme is not None and cli.profile:
@@ -162,12 +174,19 @@ def profile_report(cli: argparse.Namespace, groups: Sequence[Group], names: Sequ
         chosen = group.applicable(variants)
         if not chosen:
             continue
+        if group.skipped is not None:
+            sections.append(f"## {group.title}\n\nskipped: {group.skipped}\n")
+            continue
         models = [group.reference, *chosen]
         result = runner.run(group, "profile", models, f"profile of {len(models)} models")
         if result is None:
             sections.append(f"## {group.title}\n\ncrashed: {group.failures['profile']}\n")
             continue
         for variant in (group.reference, *chosen):
+            if variant.name in result["refused"]:
+                sections.append(f"## {group.title}: {variant.label}\n\nnot in the Hugging Face front-end: "
+                                f"{result['refused'][variant.name]}\n")
+                continue
             sections.append(f"## {group.title}: {variant.label} {' '.join(variant.flags)}\n\n"
                             f"{cli.steps} train steps, {result['step_ms'][variant.name]:.0f} ms per step "
                             f"under the profiler\n\n```\n{result['tables'][variant.name]}\n```\n")

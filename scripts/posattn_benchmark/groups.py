@@ -1,12 +1,14 @@
 """Row groups: one batch shape each (Multi30k-like translation, translation at 512 tokens, language
-model sentences and blocks), with what the workers measured for it."""
+model sentences and blocks, the Hugging Face Llama on language-model sentences), with what the workers
+measured for it."""
 
 import argparse
+import importlib.util
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Set
 
 from posattn_benchmark.batches import BatchShape
-from posattn_benchmark.variants import LANGUAGE_MODELING, REFERENCES, TRANSLATION, Variant
+from posattn_benchmark.variants import HUGGINGFACE, LANGUAGE_MODELING, REFERENCES, TRANSLATION, Variant
 
 LONG_LENGTH = 512
 #: the language model's greedy decoding group: sequences per batch and tokens from BOS, decoded step by step
@@ -40,11 +42,23 @@ class Group:
     decode_shapes: List[List[int]] = field(default_factory=list)
     failures: Dict[str, str] = field(default_factory=dict)
     digests: Set[str] = field(default_factory=set)
+    #: why the group was not run (the Hugging Face group without transformers), or None
+    skipped: Optional[str] = None
+    #: the Hugging Face front-end's refusal of each row it does not take, by variant name
+    refused: Dict[str, str] = field(default_factory=dict)
+    #: the Hugging Face group's machine, versions and model sizes, as its worker saw them
+    about: Dict[str, Any] = field(default_factory=dict)
 
     @property
     def reference(self) -> Variant:
-        """The vanilla fairseq model the group's variants are compared with."""
+        """The model the group's variants are compared with: vanilla fairseq's, or transformers' Llama."""
         return REFERENCES[self.task]
+
+    @property
+    def measures_memory(self) -> bool:
+        """Whether each model's peak memory is measured (in a process of its own) before the timing: the fairseq
+        groups that train; the Hugging Face group times only."""
+        return self.trains and self.task != HUGGINGFACE
 
     def applicable(self, variants: Sequence[Variant]) -> List[Variant]:
         """The ``variants`` built for this group's task."""
@@ -55,9 +69,16 @@ class Group:
         return self.applicable(variants) if self.decodes else []
 
 
+def huggingface_unavailable() -> Optional[str]:
+    """Why the Hugging Face group cannot run here (transformers is not installed), or None; imports nothing."""
+    if importlib.util.find_spec("transformers") is None:
+        return "transformers is not installed (the extra hf: pip install '.[hf]')"
+    return None
+
+
 def build_groups(cli: argparse.Namespace) -> List[Group]:
-    """The Multi30k-like group (unless ``--skip-short``), and the ``--long`` and ``--lm`` groups
-    when asked for."""
+    """The Multi30k-like group (unless ``--skip-short``), and the ``--long``, ``--lm`` and ``--huggingface``
+    groups when asked for."""
     groups = []
     if not cli.skip_short:
         groups.append(Group(f"Multi30k-like, lengths {cli.min_len}-{cli.max_len}",
@@ -81,4 +102,10 @@ def build_groups(cli: argparse.Namespace) -> List[Group]:
                                                                       len(cli.lm_block_lengths) > 1 else ""),
                                 BatchShape(length, length, blocks * length), length,
                                 task=LANGUAGE_MODELING, decodes=False))
+    if cli.huggingface:
+        # every prompt with its generated tokens within the positions the methods take
+        groups.append(Group(f"Hugging Face Llama, sentences of {cli.min_len}-{cli.max_len}",
+                            BatchShape(cli.min_len, cli.max_len, cli.max_tokens),
+                            max(cli.max_positions, cli.max_len + cli.decode_length), task=HUGGINGFACE,
+                            skipped=huggingface_unavailable()))
     return groups

@@ -10,7 +10,8 @@ from posattn_benchmark.batches import PIECES_PER_WORD
 from posattn_benchmark.groups import Group
 from posattn_benchmark.paths import display_path
 from posattn_benchmark.variants import (
-    LANGUAGE_MODELING, POSATTN_ARCH, POSATTN_LM_ARCH, REFERENCES, TRANSLATION, VANILLA_ARCH, VANILLA_LM_ARCH,
+    HUGGINGFACE, HUGGINGFACE_SPEED, LANGUAGE_MODELING, POSATTN_ARCH, POSATTN_LM_ARCH, REFERENCES, TARGETS_BY_KIND,
+    TRANSLATION, VANILLA_ARCH, VANILLA_LM_ARCH,
 )
 from posattn_benchmark.worker import BEAM_SIZE, LABEL_SMOOTHING
 
@@ -46,6 +47,32 @@ def model_line(groups: Sequence[Group], task: str, cli: argparse.Namespace) -> O
             f"0.1; vanilla {run['params'] / 1e6:.1f}M parameters.")
 
 
+def huggingface_lines(group: Group, cli: argparse.Namespace) -> List[str]:
+    """The Hugging Face group's lines: its models (from its worker), its step, generation and targets."""
+    if not group.about:
+        return [f"- {group.title}: {group.skipped or 'crashed'}."]
+    sizes = group.about["sizes"]
+    layers = sizes["num_hidden_layers"]
+    additive, explicit = TARGETS_BY_KIND["additive"].time, TARGETS_BY_KIND["key_value"].time
+    return [
+        f"- {group.title}: `transformers.LlamaForCausalLM` (transformers {group.about['transformers']}), hidden "
+        f"{sizes['hidden_size']}, intermediate {sizes['intermediate_size']}, {layers} layer{'s' * (layers != 1)}, "
+        f"{sizes['num_attention_heads']} heads ({sizes['num_key_value_heads']} key/value heads), vocabulary "
+        f"{cli.vocab_size}, max positions {group.max_positions}, {group.about['params'] / 1e6:.1f}M parameters, "
+        "on `attn_implementation=\"sdpa\"` with its own RoPE, against the same model (the same weights) switched "
+        "by `posattn_huggingface.apply_position_method(model, **options)` (a row per variant of every method a "
+        "causal model takes; the ones the front-end refuses are listed as such). Step: forward (the right-padded "
+        "sentences of the language-model group, their attention mask, `use_cache=False`) + cross entropy + "
+        "backward + Adam, round-robin as above. Generation: `model.generate(do_sample=False, "
+        f"min_new_tokens=max_new_tokens={cli.decode_length})` with the cache, eval mode, batches of "
+        f"{cli.decode_batch_size} of those sentences as left-padded prompts, round-robin, warm-up rounds: "
+        f"{cli.warmup}, timed rounds: {cli.decode_rounds}; tokens/s: the generated tokens over the summed time; "
+        "speed ratio: median over the rounds of the reference's time over the model's. One worker process runs "
+        f"both, no memory run. Targets: step time <= {additive:.2f} for additive terms, <= {explicit:.2f} for "
+        f"explicit-path ones (by the method's kind, as above), generation speed >= {HUGGINGFACE_SPEED:.2f}.",
+    ]
+
+
 MALLOC_NOTES = {
     "reuse": "glibc's malloc keeps freed memory for the next allocation (`GLIBC_TUNABLES` raises its "
              "mmap and trim thresholds), as a caching allocator does.",
@@ -70,32 +97,36 @@ def header_lines(groups: Sequence[Group], cli: argparse.Namespace, load: Tuple[f
         "of the second step (weights, gradients, Adam state, activations), with "
         "MALLOC_MMAP_THRESHOLD_=65536 so that glibc returns freed tensors at once"
     )
+    transformers = "".join(f", transformers {group.about['transformers']}" for group in groups if group.about)
     lines = [
         "# transformer_posattn vs fairseq transformer: train step, peak memory, beam search",
         "",
         f"- Machine: {cpu_name()}, {os.cpu_count()} CPUs, {sample['threads']} torch threads, "
-        f"device {sample['device']}; torch {sample['torch']}, fairseq {sample['fairseq']}, "
+        f"device {sample['device']}; torch {sample['torch']}, fairseq {sample['fairseq']}{transformers}, "
         f"Python {platform.python_version()}; models in {cli.precision}; 1-minute load average {load[0]:.1f} at the start, "
         f"{load[1]:.1f} at the end.",
     ]
     lines += [line for task in (TRANSLATION, LANGUAGE_MODELING)
               if (line := model_line(groups, task, cli)) is not None]
+    if any(group.task == TRANSLATION for group in groups):
+        lines.append(
+            f"- Structural side data: each source of m BPE pieces gets a forest of real UD EWT trees "
+            f"(`{display_path(str(cli.conllu))}`) of about m / {PIECES_PER_WORD} words, the extra pieces "
+            "as subwords of random words; depth, tin and tout per token as `--task translation_structural` "
+            "collates them, computed once per process outside every timed region.")
     lines += [
-        f"- Structural side data: each source of m BPE pieces gets a forest of real UD EWT trees "
-        f"(`{display_path(str(cli.conllu))}`) of about m / {PIECES_PER_WORD} words, the extra pieces "
-        "as subwords of random words; depth, tin and tout per token as `--task translation_structural` "
-        "collates them, computed once per process outside every timed region.",
         f"- Step: forward + label-smoothed cross entropy (eps {LABEL_SMOOTHING}; language models: "
         "plain cross entropy) + backward + Adam, on the same batches for every model (checked by hash).",
         f"- Time: one process runs every model of a group round-robin, one step each per batch, order "
         f"rotated per round; warm-up rounds: {cli.warmup}, then timed rounds: {cli.steps} "
         "(time.perf_counter). Step time: median over the rounds; time ratio: median over the rounds "
         f"of the step time over vanilla's in the same round. {MALLOC_NOTES[cli.malloc]}",
-        f"- Peak memory: each model alone in a fresh process, two steps (the first batch, then the "
-        f"largest, with the Adam state in place), {memory_method}; vanilla runs first and last, its "
-        "row is their mean.",
     ]
-    if cli.decode_variants:
+    if any(group.measures_memory for group in groups):
+        lines.append(f"- Peak memory: each model alone in a fresh process, two steps (the first batch, then the "
+                     f"largest, with the Adam state in place), {memory_method}; vanilla runs first and last, its "
+                     "row is their mean.")
+    if cli.decode_variants and any(group.task != HUGGINGFACE and group.decodes for group in groups):
         lines.append(
             f"- Decoding: fairseq's SequenceGenerator as fairseq-generate builds it (beam {BEAM_SIZE}, "
             "length penalty 1, normalized scores), eval mode, the source's `net_input` to the encoder "
@@ -111,6 +142,9 @@ def header_lines(groups: Sequence[Group], cli: argparse.Namespace, load: Tuple[f
                  "for every model with decoder terms, >= 0.95 for the structural ones' beam search, >= 0.75 for "
                  "the convolutions' greedy steps), checked on the ratios as printed.")
     for group in groups:
+        if group.task == HUGGINGFACE:
+            lines += huggingface_lines(group, cli)
+            continue
         if group.greedy:
             lines.append(f"- {group.title}: `model.decoder(tokens, incremental_state=state)` once per token, the "
                          "argmax appended (greedy, as a sampling loop runs a language model), in eval mode without "

@@ -1,5 +1,6 @@
 """The markdown report: header lines on the machine, models and method, the train-step and beam-search
-tables with a row group per batch shape, the structural prepare table, the targets and the noise."""
+tables with a row group per batch shape, the Hugging Face group's table, the structural prepare table, the
+targets and the noise."""
 
 import argparse
 import statistics
@@ -10,7 +11,7 @@ from posattn_benchmark.header import header_lines
 from posattn_benchmark.paths import display_path
 from posattn_benchmark.stats import (CHECKS, PREPARE_TARGET, memory_ratio, peak_mb, prepare_check, speed_ratio,
                                     target_checks, time_ratio)
-from posattn_benchmark.variants import TARGETS, VARIANTS_BY_NAME, Variant
+from posattn_benchmark.variants import HUGGINGFACE, TARGETS, VARIANTS_BY_NAME, Variant
 from posattn_benchmark.worker import BEAM_SIZE
 
 #: relative spread of vanilla's step times beyond which the report warns that the machine was busy
@@ -96,6 +97,46 @@ def decode_rows(group: Group, variants: Sequence[Variant]) -> List[str]:
     return rows
 
 
+def options_cell(group: Group, variant: Variant) -> str:
+    """A Hugging Face row's ``apply_position_method`` options as written in Python (the reference: not
+    switched)."""
+    if variant == group.reference:
+        return "not switched (`attn_implementation=\"sdpa\"`)"
+    return f"`{', '.join(variant.flags)}`" if variant.flags else "none"
+
+
+def huggingface_row(group: Group, variant: Variant, new_tokens: int) -> str:
+    """One row of the Hugging Face table: step time and ratio, tokens/s of generation and ratio, target; or the
+    front-end's refusal."""
+    if variant.name in group.refused:
+        return (f"| {variant.label} | {options_cell(group, variant)} | not in the Hugging Face front-end: "
+                f"{group.refused[variant.name]} | | | | |")
+    times, generated = group.timing.get(variant.name), group.decoding.get(variant.name)
+    step = f"{statistics.median(times):.0f}" if times else "not timed"
+    rate = (f"{sum(group.decode_sentences) * new_tokens / (sum(generated) / 1000):.0f}" if generated
+            else "not generated")
+    step_ratio, generation_ratio = time_ratio(group, variant.name), speed_ratio(group, variant.name)
+    return (f"| {variant.label} | {options_cell(group, variant)} | {step} | {ratio_cell(step_ratio)} | {rate} "
+            f"| {ratio_cell(generation_ratio)} | {target_cell(group, variant.name, ('time', 'speed'))} |")
+
+
+def huggingface_lines(group: Group, variants: Sequence[Variant], decode_variants: Sequence[Variant],
+                      new_tokens: int) -> Tuple[List[str], str]:
+    """The Hugging Face group's table (its train-step and generation columns; a row per variant and decoding
+    variant, the front-end's refusals among them), and a line on its baseline's noise."""
+    lines = ["", f"**{group.title}**", ""]
+    if group.skipped is not None:
+        return lines + [f"Skipped: {group.skipped}."], f"skipped ({group.skipped})"
+    if "huggingface" in group.failures:
+        return lines + [f"Crashed: {group.failures['huggingface']}"], "crashed, so nothing was timed"
+    lines += ["| method | `apply_position_method` options | step time (ms) | time ratio | generation (tokens/s) "
+              "| speed ratio | target |", "|---|---|---:|---:|---:|---:|---|"]
+    rows = dict.fromkeys([group.reference, *group.applicable(variants), *group.decoders(decode_variants)])
+    lines += [huggingface_row(group, variant, new_tokens) for variant in rows]
+    reference = group.timing.get(group.reference.name)
+    return lines, "step time " + spread(reference) if reference else "not timed"
+
+
 def target_lines(groups: Sequence[Group], prepare: Optional[Dict[str, Any]]) -> List[str]:
     """How many of the measured targets were met, each missed one, and the prepare step's."""
     checked, missed = 0, []
@@ -143,26 +184,32 @@ def prepare_lines(prepare: Dict[str, Any]) -> List[str]:
 def render(groups: Sequence[Group], variants: Sequence[Variant], decode_variants: Sequence[Variant],
            prepare: Optional[Dict[str, Any]], cli: argparse.Namespace, load: Tuple[float, float]) -> str:
     """The report: header lines, the train-step table and the decoding table with a row group per
-    batch shape, the structural prepare table, the targets and the baselines' noise.
+    batch shape, the Hugging Face group's table, the structural prepare table, the targets and the baselines'
+    noise.
 
     ``load`` is the 1-minute load average at the start and at the end of the run."""
-    sample = next((runs[0] for g in groups for runs in g.memory.values()), None)
+    sample = next((runs[0] for g in groups for runs in g.memory.values()),
+                  next((g.about for g in groups if g.about), None))
     if sample is None:
-        return "Every run crashed; see the log above.\n"
+        skipped = [f"- {group.title}: skipped: {group.skipped}." for group in groups if group.skipped is not None]
+        return "\n".join(["Nothing was measured: every run crashed or was skipped; see the log above.",
+                          *skipped]) + "\n"
     lines = header_lines(groups, cli, load, sample)
     default_malloc = any(group.timing_default_malloc for group in groups)
     default_header, default_rule = (" time ratio, default malloc |", "---:|") if default_malloc else ("", "")
-    lines += ["", "**Train step**", "",
-              f"| variant | flags | step time (ms) | time ratio |{default_header} peak memory (MB) "
-              "| memory ratio | target |",
-              f"|---|---|---:|---:|{default_rule}---:|---:|---|"]
+    training_groups = [group for group in groups if group.measures_memory]
+    if training_groups:
+        lines += ["", "**Train step**", "",
+                  f"| variant | flags | step time (ms) | time ratio |{default_header} peak memory (MB) "
+                  "| memory ratio | target |",
+                  f"|---|---|---:|---:|{default_rule}---:|---:|---|"]
     notes = []
-    for group in (group for group in groups if group.trains):
+    for group in training_groups:
         rows, noise = group_rows(group, variants, default_malloc)
         lines.append(f"| **{group.title}** |" + " |" * (6 + default_malloc))
         lines += rows
         notes.append(f"- Baseline, {group.title}: {noise}.")
-    decoding_groups = [group for group in groups if group.decoders(decode_variants)]
+    decoding_groups = [group for group in groups if group.task != HUGGINGFACE and group.decoders(decode_variants)]
     if decoding_groups:
         lines += ["", "**Decoding**", "", "| variant | flags | sentences/s | speed ratio | target |",
                   "|---|---|---:|---:|---|"]
@@ -170,6 +217,10 @@ def render(groups: Sequence[Group], variants: Sequence[Variant], decode_variants
             how = "" if group.greedy else f": beam {BEAM_SIZE}, {cli.decode_length} tokens + EOS per hypothesis"
             lines.append(f"| **{group.title}{how}** | | | | |")
             lines += decode_rows(group, decode_variants)
+    for group in (group for group in groups if group.task == HUGGINGFACE):
+        table, noise = huggingface_lines(group, variants, decode_variants, cli.decode_length)
+        lines += table
+        notes.append(f"- Baseline, {group.title}: {noise}.")
     if prepare is not None:
         lines += prepare_lines(prepare)
     lines += ["", "**Targets**", ""] + target_lines(groups, prepare)

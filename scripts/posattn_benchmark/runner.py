@@ -1,6 +1,7 @@
 """The parent side: runs the worker subprocesses of every group in order (each measurement in a fresh
 process, with the malloc settings of its kind), checks that they all saw the same batches, and runs
-the structural prepare timing of ``scripts/benchmark_structure.py``."""
+the structural prepare timing of ``scripts/benchmark_structure.py``. The Hugging Face group runs in one worker
+(no memory runs), or not at all where transformers is missing."""
 
 import argparse
 import json
@@ -9,12 +10,12 @@ import os
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Dict, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from posattn_benchmark.groups import Group
 from posattn_benchmark.paths import PACKAGE_DIR, STRUCTURE_BENCHMARK
-from posattn_benchmark.variants import LANGUAGE_MODELING, Variant
-from posattn_benchmark.worker import RESULT_MARKER, WorkerSpec
+from posattn_benchmark.variants import HUGGINGFACE, LANGUAGE_MODELING, Variant
+from posattn_benchmark.worker import RESULT_MARKER, LlamaSpec, WorkerSpec
 from posattn_tools.runs import capture, side_flags
 
 #: environment of the memory workers: glibc mmaps (and so returns at once) every block >= 64 KiB
@@ -67,15 +68,16 @@ class Runner:
         #: the malloc setting of the timing and decoding workers, and whether to time glibc's too
         self.malloc = "reuse" if cli.malloc == "both" else cli.malloc
         self.also_default_malloc = cli.malloc == "both"
-        # memory runs (vanilla twice), timing (once or twice), decoding
-        self.total = sum((len(group.applicable(self.variants)) + 3 + self.also_default_malloc) * group.trains
+        # memory runs (vanilla twice), timing (once or twice), decoding; the Hugging Face group's one worker
+        self.total = sum(1 if group.task == HUGGINGFACE else
+                         (len(group.applicable(self.variants)) + 3 + self.also_default_malloc) * group.trains
                          + bool(group.decoders(self.decode_variants)) for group in groups)
 
     def spec(self, group: Group, mode: str, variants: Sequence[Variant]) -> WorkerSpec:
         cli = self.cli
         decoding = mode == "decoding"
         return WorkerSpec(mode=mode, task=group.task, variants=tuple(variants),
-                          size_flags=size_flags(cli, group.task),
+                          size_flags=() if group.task == HUGGINGFACE else size_flags(cli, group.task),
                           max_positions=group.max_positions,
                           shape=group.shape.sentences(cli.decode_batch_size) if decoding and not group.greedy
                           else group.shape,
@@ -83,7 +85,14 @@ class Runner:
                           steps=cli.decode_rounds if decoding else cli.steps, seed=cli.seed,
                           device=cli.device, threads=cli.threads, conllu=str(cli.conllu),
                           decode_length=group.decode_length or cli.decode_length, precision=cli.precision,
-                          greedy=group.greedy)
+                          greedy=group.greedy, llama=self.llama_spec(group) if group.task == HUGGINGFACE else None)
+
+    def llama_spec(self, group: Group) -> LlamaSpec:
+        """The Hugging Face group's Llama sizes and generation: ``--decode-batch-size`` prompts, ``--decode-rounds``
+        rounds, by the ``--decode-variants`` of the group and the reference."""
+        generated = [variant.name for variant in group.decoders(self.decode_variants)]
+        return LlamaSpec(llama_sizes(self.cli), self.cli.decode_batch_size, self.cli.decode_rounds,
+                         tuple([group.reference.name, *generated] if generated else []))
 
     def run(self, group: Group, mode: str, variants: Sequence[Variant], what: str,
             malloc: Optional[str] = None) -> Optional[Dict[str, Any]]:
@@ -104,7 +113,10 @@ class Runner:
 
     def run_group(self, group: Group) -> None:
         """Memory of vanilla, of every variant and of vanilla again; then the timing of all; then
-        the decoding speed of vanilla and the decoding variants."""
+        the decoding speed of vanilla and the decoding variants (the Hugging Face group: :meth:`run_huggingface`)."""
+        if group.task == HUGGINGFACE:
+            self.run_huggingface(group)
+            return
         reference, variants = group.reference, group.applicable(self.variants)
         if group.trains:
             self.measure_memory(group, [reference, *variants, reference])
@@ -130,6 +142,25 @@ class Runner:
                 group.decode_sentences = result["sentences"]
                 group.decode_shapes = result["batch_shapes"]
 
+    def run_huggingface(self, group: Group) -> None:
+        """The Hugging Face group in one worker: the round-robin train steps of the reference and of every
+        variant, then the greedy generation of the reference and the decoding variants; the worker records the
+        variants whose method the front-end refuses. Skipped, with the reason logged, where transformers is
+        missing."""
+        if group.skipped is not None:
+            self.done += 1
+            logger.warning("[%d/%d] %s: skipped: %s", self.done, self.total, group.title, group.skipped)
+            return
+        models: List[Variant] = list(dict.fromkeys([group.reference, *group.applicable(self.variants),
+                                                    *group.decoders(self.decode_variants)]))
+        result = self.run(group, "huggingface", models,
+                          f"train steps and greedy generation of {len(models)} models, round-robin")
+        if result is not None:
+            group.timing, group.refused, group.about = result["step_ms"], result["refused"], result["about"]
+            group.decoding, group.decode_sentences = result["decode_ms"], result["sentences"]
+            group.decode_shapes = result["batch_shapes"]
+            for name, refusal in group.refused.items():
+                logger.info("    not in the Hugging Face front-end: %s: %s", name, refusal)
 
     def measure_memory(self, group: Group, variants: Sequence[Variant]) -> None:
         """The memory workers of ``variants``, ``--memory-jobs`` at a time (a peak RSS is its own
@@ -144,6 +175,15 @@ class Runner:
             if result is not None:
                 group.memory.setdefault(variant.name, []).append(result)
                 logger.info("    peak of %s: %.0f MB", variant.label, result["peak_mb"])
+
+
+def llama_sizes(cli: argparse.Namespace) -> Dict[str, int]:
+    """The Hugging Face Llama's ``LlamaConfig`` sizes: the language models' (the iwslt preset's, overridden by
+    ``--embed-dim``, ``--ffn-dim``, ``--heads``; a key/value head per head, as theirs), ``--hf-layers`` layers."""
+    heads = cli.heads or IWSLT_SIZES["attention-heads"]
+    return {"hidden_size": cli.embed_dim or IWSLT_SIZES["embed-dim"],
+            "intermediate_size": cli.ffn_dim or IWSLT_SIZES["ffn-embed-dim"], "num_hidden_layers": cli.hf_layers,
+            "num_attention_heads": heads, "num_key_value_heads": heads}
 
 
 def size_flags(cli: argparse.Namespace, task: str) -> Tuple[str, ...]:

@@ -5,14 +5,17 @@ Every variant of every registered position method (``PositionMethod.variants`` i
 every side it takes, and, where the method takes the decoder, a language-model row (``lm-`` prefix)
 with it on the causal decoder; its ratio target is the one of the method's ``benchmark_target``.
 Combinations that are no single method's variant (SAN+P+R, the structural variants, which need real
-trees) and the vanilla references are listed here.
+trees) and the vanilla references are listed here. The Hugging Face group's rows (``hf-`` prefix) are every
+variant of every method a causal model takes, each as the keyword options of
+``posattn_huggingface.apply_position_method`` on a Llama; which of them the front-end refuses, its worker finds
+by trying (nothing here imports transformers).
 """
 
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, FrozenSet, List, Mapping, Optional, Tuple
 
 from posattn.position_terms.catalogue import variant_flags, variant_label
-from posattn.position_terms.registry import REGISTRY, PositionMethod
+from posattn.position_terms.registry import REGISTRY, PositionMethod, methods_of
 
 VANILLA_ARCH = "transformer_iwslt_de_en"
 POSATTN_ARCH = "transformer_posattn_iwslt_de_en"
@@ -20,6 +23,9 @@ VANILLA_LM_ARCH = "transformer_lm"
 POSATTN_LM_ARCH = "transformer_lm_posattn"
 TRANSLATION = "translation"
 LANGUAGE_MODELING = "language_modeling"
+#: the Hugging Face group's task: transformers' Llama, the reference on SDPA with its own RoPE
+HUGGINGFACE = "huggingface"
+LLAMA_ARCH = "LlamaForCausalLM"
 
 
 @dataclass(frozen=True)
@@ -33,7 +39,10 @@ class Variant:
 
     @property
     def task(self) -> str:
-        """The fairseq task the model is built for: a language model or a translation model."""
+        """The fairseq task the model is built for (a language model or a translation model), or the Hugging
+        Face group's."""
+        if self.arch == LLAMA_ARCH:
+            return HUGGINGFACE
         return LANGUAGE_MODELING if self.arch.startswith("transformer_lm") else TRANSLATION
 
 
@@ -71,10 +80,14 @@ DECODER_SPEED = 0.90
 #: (the convolutions): a step's fixed costs weigh most at short contexts
 POST_SOFTMAX_GREEDY_SPEED = 0.75
 
+#: the Hugging Face group's bound on greedy generation with the cache (relative to the reference's speed)
+HUGGINGFACE_SPEED = 0.90
+
 VANILLA = Variant("vanilla", "Transformer (fairseq)", arch=VANILLA_ARCH)
 VANILLA_LM = Variant("vanilla-lm", "Transformer LM (fairseq)", arch=VANILLA_LM_ARCH)
+VANILLA_LLAMA = Variant("hf-llama", "Llama (transformers, SDPA, its RoPE)", arch=LLAMA_ARCH)
 #: the baseline that every model of a task is compared with
-REFERENCES: Dict[str, Variant] = {TRANSLATION: VANILLA, LANGUAGE_MODELING: VANILLA_LM}
+REFERENCES: Dict[str, Variant] = {TRANSLATION: VANILLA, LANGUAGE_MODELING: VANILLA_LM, HUGGINGFACE: VANILLA_LLAMA}
 
 
 def side_flags(sides: Tuple[str, ...], values: Mapping[str, Any]) -> Tuple[str, ...]:
@@ -131,13 +144,40 @@ def structural_rows() -> List[Tuple[Variant, Target]]:
     ]
 
 
+def huggingface_options() -> Dict[str, Mapping[str, Any]]:
+    """The keyword options of every Hugging Face row by name (``apply_position_method(model, **options)``): the
+    front-end without a method, and every variant of every method a causal model (Llama) takes."""
+    options: Dict[str, Mapping[str, Any]] = {"hf-no-method": {}}
+    for method in methods_of("decoder"):
+        options.update((f"hf-{name}", values) for name, values in method.variants.items())
+    return options
+
+
+#: ``apply_position_method``'s keyword options of each Hugging Face row
+HUGGINGFACE_OPTIONS = huggingface_options()
+
+
+def huggingface_rows() -> List[Tuple[Variant, Target]]:
+    """The Hugging Face group's rows, their flags the keyword options as written in Python; the train-step time
+    bound of the method's kind of term (additive 1.05, explicit-path 1.10, as the fairseq rows) and the
+    generation speed bound. Without a method: no target (the front-end's own cost)."""
+    rows = [(Variant("hf-no-method", "posattn_huggingface, no method", arch=LLAMA_ARCH), Target())]
+    for method in methods_of("decoder"):
+        for name in method.variants:
+            options = HUGGINGFACE_OPTIONS[f"hf-{name}"]
+            flags = tuple(f"{option}={value!r}" for option, value in options.items())
+            rows.append((Variant(f"hf-{name}", variant_label(name), flags, LLAMA_ARCH),
+                         Target(time=method_target(method, name).time, speed=HUGGINGFACE_SPEED)))
+    return rows
+
+
 def all_rows() -> List[Tuple[Variant, Target]]:
     """Every benchmarked variant with its target: defaults and combinations, the registry's variants
-    in registration order, the structural variants."""
+    in registration order, the structural variants, the Hugging Face rows."""
     rows = combination_rows()
     for method in REGISTRY.values():
         rows += registry_rows(method)
-    return rows + structural_rows()
+    return rows + structural_rows() + huggingface_rows()
 
 
 ROWS = all_rows()
@@ -151,9 +191,10 @@ GREEDY_SPEED: Dict[str, float] = {
     f"lm-{name}": POST_SOFTMAX_GREEDY_SPEED for method in REGISTRY.values() if method.benchmark_target == "post_softmax"
     for name in method.variants}
 #: beam search of the structural and two sequential translation models, and of every language model
-#: with decoder terms (every method's decoder variant and SAN+P+R)
+#: with decoder terms (every method's decoder variant and SAN+P+R); greedy generation of every Hugging Face row
 DEFAULT_DECODE_VARIANTS = ("struct-abs", "struct-rel", "struct-both", "dec-san-p-r", "distance-aware",
-                           *(name for name in VARIANTS_BY_NAME if name.startswith("lm-") and name != "lm-defaults"))
+                           *(name for name in VARIANTS_BY_NAME if name.startswith("lm-") and name != "lm-defaults"),
+                           *(name for name in VARIANTS_BY_NAME if name.startswith("hf-")))
 
 #: the smallest sizes of a language model whose kernel paths :func:`cuda_training_paths` reads
 TINY_LM_SIZE = ("--decoder-embed-dim", "16", "--decoder-ffn-embed-dim", "32", "--decoder-attention-heads", "2",

@@ -1,8 +1,10 @@
 """The worker subprocess: builds the batches and the models of one :class:`WorkerSpec` and measures
-them (peak memory of one model, round-robin train-step or beam-search times, or a torch.profiler
-table); the parent (:mod:`posattn_benchmark.runner`) reads its result line from stdout.
+them (peak memory of one model, round-robin train-step or beam-search times, the Hugging Face group's train
+steps and generation, or a torch.profiler table); the parent (:mod:`posattn_benchmark.runner`) reads its result
+line from stdout. transformers is imported only by a worker of the Hugging Face group.
 """
 
+import functools
 import json
 import math
 import resource
@@ -16,7 +18,7 @@ from posattn_benchmark.batches import (
     BatchShape, add_side_data, add_structure, batches_digest, load_trees, make_batches, make_dictionary,
     make_lm_batches,
 )
-from posattn_benchmark.variants import LANGUAGE_MODELING, TRANSLATION, Variant
+from posattn_benchmark.variants import HUGGINGFACE, LANGUAGE_MODELING, TRANSLATION, Variant
 
 RESULT_MARKER = "BENCHMARK_RESULT "
 #: ``--precision``: the models' dtype
@@ -28,13 +30,25 @@ PROFILE_ROWS = 15
 
 
 @dataclass(frozen=True)
+class LlamaSpec:
+    """The Hugging Face group's Llama (``transformers.LlamaConfig``'s sizes) and its generation: batches of
+    ``prompts`` sentences, ``rounds`` timed rounds, by the variants named in ``generated``."""
+
+    sizes: Dict[str, int]
+    prompts: int
+    rounds: int
+    generated: Tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class WorkerSpec:
     """What one worker subprocess measures (sent as JSON): ``memory`` of ``variants[0]`` alone,
     the round-robin ``timing`` (train steps) or ``decoding`` (beam search, hypotheses of
     ``decode_length`` tokens) of all ``variants`` (the first one is the reference), or a
     torch.profiler ``profile`` of each variant's train steps. ``task``: ``translation`` (source,
     target and structural side data) or ``language_modeling`` (blocks of ``shape.max_len`` tokens).
-    ``conllu``: the trees of the structural side data."""
+    ``conllu``: the trees of the structural side data. ``huggingface``: the Hugging Face group's train steps,
+    then its generation, in one process (transformers' import costs seconds), its sizes in ``llama``."""
 
     mode: str
     task: str
@@ -52,6 +66,7 @@ class WorkerSpec:
     decode_length: int
     precision: str = "fp32"
     greedy: bool = False
+    llama: Optional[LlamaSpec] = None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -64,6 +79,8 @@ class WorkerSpec:
         )
         raw["size_flags"] = tuple(raw["size_flags"])
         raw["shape"] = BatchShape(**raw["shape"])
+        if raw["llama"] is not None:
+            raw["llama"] = LlamaSpec(**{**raw["llama"], "generated": tuple(raw["llama"]["generated"])})
         return cls(**raw)
 
 
@@ -107,8 +124,10 @@ class Worker:
             torch.set_num_threads(spec.threads)
         self.device = torch.device(spec.device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.dictionary = make_dictionary(spec.vocab_size)
+        #: the Hugging Face front-end's refusal of each variant it does not take, by name
+        self.refused: Dict[str, str] = {}
         count = spec.warmup + spec.steps
-        if spec.task == LANGUAGE_MODELING:
+        if spec.task in (LANGUAGE_MODELING, HUGGINGFACE):
             batches = make_lm_batches(self.dictionary, spec.shape, count, spec.seed)
         else:
             batches = make_batches(self.dictionary, spec.shape, count, spec.seed)
@@ -135,10 +154,41 @@ class Worker:
         if self.on_cuda:
             torch.cuda.synchronize()
 
+    @functools.cached_property
+    def llama(self) -> Any:
+        """The Hugging Face group's models (:class:`posattn_benchmark.huggingface.LlamaModels`, which imports
+        transformers)."""
+        from posattn_benchmark.huggingface import LlamaModels
+
+        return LlamaModels(self.spec.llama.sizes, self.spec.vocab_size, self.spec.max_positions, self.dictionary)
+
     def build(self, variant: Variant) -> Tuple[Any, Any]:
-        """Model and Adam optimizer of ``variant``, built as ``fairseq-train`` does (through
-        :func:`fairseq_posattn.models.building.build_model`)."""
+        """Model and Adam optimizer of ``variant``: a fairseq model built as ``fairseq-train`` does (through
+        :func:`build_fairseq_model`), or the Hugging Face group's Llama."""
         import torch
+
+        torch.manual_seed(self.spec.seed)
+        dtype = torch.bfloat16 if self.spec.precision == "bf16" else torch.float32
+        model = self.llama.build(variant) if variant.task == HUGGINGFACE else self.build_fairseq_model(variant)
+        model = model.to(device=self.device, dtype=dtype).train()
+        optimizer = torch.optim.Adam(model.parameters(), lr=5e-4, betas=(0.9, 0.98))
+        return model, optimizer
+
+    def try_build(self, variant: Variant) -> Optional[Tuple[Any, Any]]:
+        """:meth:`build`, or None where the Hugging Face front-end refuses the variant's method (its message in
+        :attr:`refused`)."""
+        from posattn.errors import UserError
+
+        try:
+            return self.build(variant)
+        except UserError as refusal:
+            if variant.task != HUGGINGFACE:
+                raise
+            self.refused[variant.name] = str(refusal)
+            return None
+
+    def build_fairseq_model(self, variant: Variant) -> Any:
+        """``variant``'s fairseq model (through :func:`fairseq_posattn.models.building.build_model`)."""
         from fairseq_posattn.models.building import DictionaryTask, build_model
 
         positions = str(self.spec.max_positions)
@@ -151,30 +201,32 @@ class Worker:
         # the side data the batches carry (a parse, ...), as the task that collates it would declare it
         collated = tuple(key for key in self.batches[0]["net_input"] if key not in TOKEN_INPUTS)
         task = DictionaryTask(self.dictionary, self.dictionary, collated_side_data=collated)
-        torch.manual_seed(self.spec.seed)
-        dtype = torch.bfloat16 if self.spec.precision == "bf16" else torch.float32
-        model = build_model(argv, task).to(device=self.device, dtype=dtype).train()
-        optimizer = torch.optim.Adam(model.parameters(), lr=5e-4, betas=(0.9, 0.98))
-        return model, optimizer
+        return build_model(argv, task)
 
-    def step(self, variant: Variant, model: Any, optimizer: Any, batch: Dict[str, Any]) -> float:
-        """One train step (forward, label-smoothed cross entropy, backward, Adam); its time in ms.
-
-        Gradients are dropped after the update, so that idle models hold weights and Adam state only.
-        """
+    def loss(self, variant: Variant, model: Any, batch: Dict[str, Any]) -> Any:
+        """The forward pass and loss of a train step: fairseq's label-smoothed cross entropy (a language model's:
+        plain cross entropy) per target token, or the Hugging Face group's cross entropy."""
+        if variant.task == HUGGINGFACE:
+            return self.llama.loss(model, batch)
         from fairseq.criterions.label_smoothed_cross_entropy import label_smoothed_nll_loss
 
         pad = self.dictionary.pad()
-        net_input = model_input(model, batch["net_input"])
-        self.synchronize()
-        start = time.perf_counter()
-        net_output = model(**net_input)
+        net_output = model(**model_input(model, batch["net_input"]))
         lprobs = model.get_normalized_probs(net_output, log_probs=True)
         target = batch["target"]
         epsilon = LABEL_SMOOTHING if variant.task == TRANSLATION else 0.0  # LM: cross entropy
         loss, _ = label_smoothed_nll_loss(lprobs.float().view(-1, lprobs.size(-1)), target.view(-1),
                                           epsilon, ignore_index=pad)
-        loss = loss / target.ne(pad).sum()
+        return loss / target.ne(pad).sum()
+
+    def step(self, variant: Variant, model: Any, optimizer: Any, batch: Dict[str, Any]) -> float:
+        """One train step (forward, loss, backward, Adam; :meth:`loss`); its time in ms.
+
+        Gradients are dropped after the update, so that idle models hold weights and Adam state only.
+        """
+        self.synchronize()
+        start = time.perf_counter()
+        loss = self.loss(variant, model, batch)
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -216,16 +268,56 @@ class Worker:
         }
 
     def timing(self) -> Dict[str, Any]:
-        """Step times of every variant, run round-robin: one step each per batch, order rotated."""
-        models = [(variant, *self.build(variant)) for variant in self.spec.variants]
-        step_ms: Dict[str, List[float]] = {variant.name: [] for variant in self.spec.variants}
+        """Step times of every variant (that the Hugging Face front-end takes), run round-robin: one step each
+        per batch, order rotated."""
+        models = [(variant, *built) for variant in self.spec.variants if (built := self.try_build(variant))]
+        step_ms: Dict[str, List[float]] = {variant.name: [] for variant, _, _ in models}
         for index, batch in enumerate(self.batches):
             shift = index % len(models)
             for variant, model, optimizer in models[shift:] + models[:shift]:
                 elapsed_ms = self.step(variant, model, optimizer, batch)
                 if index >= self.spec.warmup:
                     step_ms[variant.name].append(elapsed_ms)
-        return {"step_ms": step_ms, "digest": self.digest}
+        return {"step_ms": step_ms, "digest": self.digest, "refused": self.refused}
+
+    def huggingface(self) -> Dict[str, Any]:
+        """The Hugging Face group: the round-robin train steps (:meth:`timing`), then the greedy generation
+        (:meth:`generation`, where any variant generates) of fresh models; the machine, versions and sizes under
+        ``about``."""
+        import fairseq
+        import torch
+
+        result = self.timing()
+        generated = (self.generation() if self.spec.llama.generated
+                     else {"decode_ms": {}, "sentences": [], "batch_shapes": []})
+        reference = self.llama.build(self.spec.variants[0])
+        about = {**self.llama.about(reference), "device": "cpu" if not self.on_cuda else
+                 torch.cuda.get_device_name(self.device), "threads": torch.get_num_threads(),
+                 "torch": torch.__version__, "fairseq": fairseq.__version__}
+        return {**result, **generated, "about": about}
+
+    def generation(self) -> Dict[str, Any]:
+        """Greedy generation (``model.generate`` with the cache) of ``decode_length`` tokens by every variant
+        of ``llama.generated`` that the front-end takes, in eval mode, on batches of ``llama.prompts`` sentences
+        as left-padded prompts, round-robin with the order rotated; each one's times in ms."""
+        shape = self.spec.shape.sentences(self.spec.llama.prompts)
+        batches = make_lm_batches(self.dictionary, shape, self.spec.warmup + self.spec.llama.rounds, self.spec.seed)
+        models = [(variant, built[0].eval()) for variant in self.spec.variants
+                  if variant.name in self.spec.llama.generated and (built := self.try_build(variant))]
+        generate_ms: Dict[str, List[float]] = {variant.name: [] for variant, _ in models}
+        for index, batch in enumerate(batches):
+            prompts, mask = self.llama.prompts(batch["net_input"]["src_tokens"].to(self.device),
+                                               batch["net_input"]["src_lengths"])
+            shift = index % len(models)
+            for variant, model in models[shift:] + models[:shift]:
+                self.synchronize()
+                start = time.perf_counter()
+                self.llama.generate(model, prompts, mask, self.spec.decode_length)
+                self.synchronize()
+                if index >= self.spec.warmup:
+                    generate_ms[variant.name].append((time.perf_counter() - start) * 1000)
+        return {"decode_ms": generate_ms, "sentences": [len(b["target"]) for b in batches[self.spec.warmup:]],
+                "batch_shapes": [list(b["net_input"]["src_tokens"].shape) for b in batches]}
 
     def decode(self, variant: Variant, model: Any, generator: Any, batch: Dict[str, Any]) -> float:
         """Beam search on one batch, as ``fairseq-generate`` runs it; its time in ms."""
@@ -302,7 +394,10 @@ class Worker:
         sort_by = "self_cuda_time_total" if self.on_cuda else "self_cpu_time_total"
         tables, step_ms = {}, {}
         for variant in self.spec.variants:
-            model, optimizer = self.build(variant)
+            built = self.try_build(variant)
+            if built is None:
+                continue
+            model, optimizer = built
             for batch in self.batches[: self.spec.warmup]:
                 self.step(variant, model, optimizer, batch)
             with profile(activities=activities) as profiler:
@@ -311,14 +406,14 @@ class Worker:
             tables[variant.name] = profiler.key_averages().table(sort_by=sort_by, row_limit=PROFILE_ROWS)
             step_ms[variant.name] = statistics.mean(times)
             del model, optimizer
-        return {"tables": tables, "step_ms": step_ms, "digest": self.digest}
+        return {"tables": tables, "step_ms": step_ms, "digest": self.digest, "refused": self.refused}
 
 
 def worker_main(spec_json: str) -> None:
     spec = WorkerSpec.from_json(spec_json)
     worker = Worker(spec)
     modes = {"memory": worker.memory, "timing": worker.timing, "decoding": worker.decoding,
-             "profile": worker.profile}
+             "huggingface": worker.huggingface, "profile": worker.profile}
     result = modes[spec.mode]()
     print(RESULT_MARKER + json.dumps(result), flush=True)
 

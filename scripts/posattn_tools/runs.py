@@ -8,7 +8,7 @@ Commands:
   stderr in a log, killed with every process it started at a timeout or at the first failure;
   :class:`CommandError` carries the telling line of the log (:func:`last_error`);
 - :func:`start` / :func:`signal_group`: a long command in a session of its own (the evidence runner's
-  recipes), stopped as a process group;
+  recipes), stopped with every process group of its session;
 - :func:`capture`: a short command whose output is read (the benchmark's workers, ``git``);
 - :func:`tool` and :func:`tool_env`: the virtualenv's console tools (``fairseq-train``, ``posattn-*``) first.
 
@@ -68,10 +68,24 @@ def start(command: Sequence[str], output: IO[str], env: Mapping[str, str], cwd: 
 
 
 def signal_group(process: subprocess.Popen, signum: int = signal.SIGKILL) -> None:
-    """Send ``signum`` to the process group of ``process`` (started by :func:`start`); nothing if it has
-    ended (it may end between a poll and the signal)."""
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(process.pid, signum)
+    """Send ``signum`` to the process group of ``process`` (started by :func:`start`, in a session of its own)
+    and to every other process group of that session (a recipe runs its trainings in groups of their own:
+    examples/lib/workers.sh); nothing to a group that has ended (it may end between a poll and the signal)."""
+    for group in {process.pid, *session_groups(process.pid)}:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(group, signum)
+
+
+def session_groups(session: int) -> set:
+    """The process groups of the live processes of ``session`` (from /proc; empty where there is none)."""
+    groups = set()
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if entry.isdigit():
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                state, _, group, owner = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[:4]
+                if int(owner) == session and state != "Z":  # after the command: state, ppid, group, session
+                    groups.add(int(group))
+    return groups
 
 
 def capture(command: Sequence[str], env: Optional[Mapping[str, str]] = None,
