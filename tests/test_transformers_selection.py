@@ -1,5 +1,5 @@
 """transformers' own model tests (a selection, tests/transformers_selection/README.md) on models that
-posattn_huggingface switched to a position method: no method, ALiBi, T5 bias and KERPLE-log on Llama and GPT-2, no
+posattn_huggingface switched to a position method: no method, ALiBi and KERPLE-log on Llama and GPT-2, no
 method and distance-aware on BERT.
 
 The copied tests are transformers' code, unchanged; the one hook is here: every model class they use (the test
@@ -28,7 +28,6 @@ from transformers_selection import modeling_llama as llama_tests  # noqa: E402
 DECODER_METHODS: Dict[str, Dict[str, Any]] = {
     "none": {},
     "alibi": {"alibi": True},
-    "t5_bias": {"t5_relative_bias": 8},
     "kerple_log": {"kerple": "log"},
 }
 ENCODER_METHODS: Dict[str, Dict[str, Any]] = {
