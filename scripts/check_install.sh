@@ -20,17 +20,19 @@ rm -rf "$ENV"
 "$PYTHON" -m venv "$ENV"
 PIP=("$ENV/bin/python" -m pip --disable-pip-version-check -q)
 "${PIP[@]}" install -r "$REPO/requirements/build.txt"
-"${PIP[@]}" install --no-build-isolation --no-deps fairseq-fixed==0.12.3.1
+# fairseq built as `make install` builds it (how the user's fairseq was built is not what this checks)
+bash "$REPO/scripts/fairseq_wheel.sh" "$ENV/bin/python" "$WORK/fairseq-wheel"
+"${PIP[@]}" install --no-deps "$WORK"/fairseq-wheel/fairseq_fixed-*.whl
 "${PIP[@]}" install hydra-core==1.3.2 omegaconf==2.3.0 bitarray regex cffi scikit-learn packaging \
     sacrebleu tqdm
-"$ENV/bin/python" -m pip freeze | sort > "$WORK/before.txt"
+"$ENV/bin/python" -m pip list --format=freeze | sort > "$WORK/before.txt"  # name==version, a wheel file's too
 
 step "2/6 pip install of a clean copy of the working tree, with the [parse] extra"
 rm -rf "$WORK/src"
 mkdir -p "$WORK/src"
 (cd "$REPO" && git ls-files -z --cached --others --exclude-standard | xargs -0 cp --parents -t "$WORK/src")
 "${PIP[@]}" install "$WORK/src[parse]"
-"$ENV/bin/python" -m pip freeze | sort > "$WORK/after.txt"
+"$ENV/bin/python" -m pip list --format=freeze | sort > "$WORK/after.txt"
 
 step "3/6 torch and fairseq are the user's, untouched; no torchaudio"
 for package in torch fairseq-fixed numpy; do

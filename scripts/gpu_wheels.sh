@@ -27,25 +27,11 @@ PIP=("$REPO/.venv/bin/python" -m pip --disable-pip-version-check -q)
 test -x "$REPO/.venv/bin/python" || { echo "gpu_wheels: run \`make install\` first (fairseq's source metadata needs torch)" >&2; exit 2; }
 
 echo "==> fairseq-fixed 0.12.3.1 without its torch extensions, for Python $VERSION"
-"${PIP[@]}" download --no-deps --no-binary=:all: --no-build-isolation -d "$WORK" fairseq-fixed==0.12.3.1
-tar -xzf "$WORK"/fairseq_fixed-0.12.3.1.tar.gz -C "$WORK"
-"$REPO/.venv/bin/python" - "$WORK/fairseq_fixed-0.12.3.1/setup.py" <<'EOF'
-import sys
-from pathlib import Path
-
-setup = Path(sys.argv[1])
-text = setup.read_text()
-start, end = text.index("\nextensions.extend(\n"), text.index("\ncmdclass = {")
-text = text[:start] + text[end:]
-text = text.replace("from torch.utils import cpp_extension\n", "")
-text = text.replace('cmdclass = {"build_ext": cpp_extension.BuildExtension}', "cmdclass = {}")
-assert "cpp_extension" not in text, "fairseq-fixed's setup.py changed: drop its torch extensions by hand"
-setup.write_text(text)
-EOF
 "$GPU_PYTHON" -m venv "$WORK/build"
 "$WORK/build/bin/python" -m pip --disable-pip-version-check -q install numpy==2.0.2 cython==3.1.4 setuptools==80.9.0 wheel==0.45.1
+bash "$REPO/scripts/fairseq_wheel.sh" "$WORK/build/bin/python" "$OUT" "$REPO/.venv/bin/python"
 "$WORK/build/bin/python" -m pip --disable-pip-version-check -q wheel --no-build-isolation --no-deps -w "$OUT" \
-    "$WORK/fairseq_fixed-0.12.3.1" "antlr4-python3-runtime==4.9.3"
+    "antlr4-python3-runtime==4.9.3"
 
 echo "==> the other wheels, for Python $VERSION"
 "${PIP[@]}" download --no-deps --only-binary=:all: --python-version "$VERSION" --implementation cp \

@@ -9,6 +9,7 @@ with torch alone (``pytest --noconftest``). The structural variants' reference r
 functions and skips there."""
 
 import importlib.util
+import re
 
 import pytest
 import torch
@@ -18,9 +19,9 @@ import posattn
 from core_helpers import E, H, T_MAX, VARIANTS, batch, build_self_attention, on_side, reads_side_data, \
     side_cases, side_rows
 from posattn.attention import SDPA
-from posattn.position_options import side_defaults
+from posattn.position_options import SidePositionOptions, side_defaults
 from posattn.position_terms.registry import methods_of
-from reference_attention import reference_attention
+from reference_attention import randomize_, reference_attention
 
 HAS_FAIRSEQ = importlib.util.find_spec("fairseq") is not None
 BOTH_SIDES = [(False, "left"), (False, "right"), (True, "right"), (True, "left")]
@@ -255,11 +256,60 @@ def test_a_left_padded_causal_layer_in_training_passes_its_self_check(variant, c
     assert "self-check passed" in caplog.text and "disagrees" not in caplog.text
 
 
-def test_a_method_option_that_would_change_nothing_is_refused():
-    """One position counted clips every count to 0: the term would add the same value to a whole row."""
-    with pytest.raises(posattn.PositionOptionError, match="at least 2, got 1 .one position clips every count"):
-        posattn.position_options(True, cope=1)
-    assert posattn.position_options(True, cope=2).methods()
+#: option values that a method would take and compute nothing of positions with: the side (causal), the refused
+#: values, the start of the refusal, what the layer would equal (the layer of those options with the same
+#: projections; None: itself on permuted tokens, permuted back) and the accepted neighbour, position-dependent
+CHANGES_NOTHING = {
+    "cope-1": (True, {"cope": 1}, "--decoder-cope must be 0 (off) or a number of positions of at least 2, got 1 "
+               "(one position clips every count", {}, {"cope": 2}),
+    "conv-2d-kernel-1": (False, {"conv_attention": "2d", "conv_attention_kernel": 1},
+                         "--encoder-conv-attention-kernel must be at least 3 with --encoder-conv-attention 2d, got 1 "
+                         "(a 1 x 1 filter", None, {"conv_attention": "2d", "conv_attention_kernel": 3}),
+    "fire-threshold-past-float32": (False, {"fire": True, "fire_threshold": 10 ** 39},
+                                    "--encoder-fire-threshold must be at most float32's largest value (3.4e38), got "
+                                    f"{10 ** 39} (an infinite threshold", {},
+                                    {"fire": True, "fire_threshold": int(torch.finfo(torch.float32).max)}),
+    "xpos-without-decay": (True, {"xpos": True, "xpos_scale_base": 10 ** 9},
+                           f"--decoder-xpos-scale-base must leave some decay over the {T_MAX} positions of "
+                           "max_positions, got 1000000000 (zeta^(n/B) rounds to 1 in float32: xPos would be RoPE",
+                           {"rotary": True}, {"xpos": True, "xpos_scale_base": 10 ** 7}),
+}
+
+
+def unchecked_layer(values: dict, causal: bool) -> posattn.SelfAttention:
+    """A float32 layer of ``values`` as it would be built were they accepted, every parameter random."""
+    options = SidePositionOptions("decoder" if causal else "encoder", causal, T_MAX, "max_positions", **values)
+    attn = posattn.SelfAttention(E, H, causal=causal, options=options)
+    randomize_(attn)
+    return attn.float().eval()
+
+
+@torch.no_grad()
+def distance_from_nothing(values: dict, causal: bool, same_as) -> float:
+    """The largest difference between the layer of ``values`` and what computes nothing of positions (see
+    :data:`CHANGES_NOTHING`), on a batch of two sentences of 7 tokens."""
+    generator = torch.Generator().manual_seed(2)
+    attn, x = unchecked_layer(values, causal), torch.randn(2, 7, E, generator=generator)
+    if same_as is None:
+        perm = torch.randperm(7, generator=generator)
+        return (attn(x[:, perm]) - attn(x)[:, perm]).abs().max().item()
+    other = unchecked_layer(same_as, causal)
+    for name in ("q_proj", "k_proj", "v_proj", "out_proj"):
+        getattr(other, name).load_state_dict(getattr(attn, name).state_dict())
+    return (attn(x) - other(x)).abs().max().item()
+
+
+@pytest.mark.parametrize("case", sorted(CHANGES_NOTHING))
+def test_a_method_option_that_would_change_nothing_is_refused(case):
+    """A value with which the method would compute nothing of positions (or be another method) is refused in one
+    line saying what it would do; built anyway, the layer equals what its message says, and the accepted value
+    next to it is position-dependent."""
+    causal, refused, message, same_as, neighbour = CHANGES_NOTHING[case]
+    with pytest.raises(posattn.PositionOptionError, match=re.escape(message)):
+        posattn.position_options(causal, T_MAX, **refused)
+    assert distance_from_nothing(refused, causal, same_as) < 1e-5
+    assert posattn.position_options(causal, T_MAX, **neighbour).methods()
+    assert distance_from_nothing(neighbour, causal, same_as) > 0
 
 
 @pytest.mark.parametrize("dtype,longest", [(torch.float32, 1074), (torch.float16, 82)])

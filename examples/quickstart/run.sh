@@ -7,8 +7,8 @@
 #
 # Run from the repository root with the virtualenv's bin first on PATH (`make quickstart` does both):
 #     PATH="$PWD/.venv/bin:$PATH" bash examples/quickstart/run.sh [--dry-run]
-# About 7.5 minutes on 2 idle CPU cores; everything goes to quickstart-output/ in the repository, or to
-# the folder OUT names (rebuilt on every run).
+# About 6 minutes on 2 idle CPU cores (8 with a bare machine's `make install`); everything goes to
+# quickstart-output/ in the repository, or to the folder OUT names (rebuilt on every run).
 # Every command is printed before it runs; --dry-run only prints them. The same two models as
 # fairseq-hydra-train configs: fairseq_posattn/configs/quickstart/ (docs/hydra_configs.md).
 # Without a GPU the two models train at once, each on half the cores. Where torch sees a GPU they train
@@ -35,7 +35,7 @@ declare -A VARIANTS=(
     [structural]="--encoder-structural-positions both --encoder-structural-fusion nonlinear"
 )
 # Fixed budget per model: 600 updates of ~2,500 target tokens (26 epochs of the 3,000 pairs), a short
-# warm-up to a high peak learning rate; about 6.5 minutes for both models on 2 idle CPU cores.
+# warm-up to a high peak learning rate; about 5.5 minutes for both models on 2 idle CPU cores.
 MAX_UPDATE=${MAX_UPDATE:-600}
 TRAIN_FLAGS=(
     --optimizer adam --adam-betas "(0.9, 0.98)" --clip-norm 0.0

@@ -337,6 +337,11 @@ class ConvolvedAttentionMethod(PositionMethod):
         if k < 1 or k % 2 == 0:
             raise PositionOptionError(
                 f"{options.flag('conv_attention_kernel')} must be an odd positive width (3, 5, ...), got {k}")
+        if k == 1 and options.conv_attention == "2d":
+            raise PositionOptionError(
+                f"{options.flag('conv_attention_kernel')} must be at least 3 with {options.flag('conv_attention')} "
+                f"2d, got 1 (a 1 x 1 filter maps each attention weight alone, ReLU(w S + b): it sees no neighbour "
+                "and no position)")
         if not self.is_on(options):
             for name, default in (("conv_attention_kernel", 3), ("conv_attention_init", "glorot")):
                 if getattr(options, name) != default:

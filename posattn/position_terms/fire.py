@@ -145,6 +145,11 @@ class FireMethod(PositionMethod):
         if options.fire_threshold <= 0:
             raise PositionOptionError(
                 f"{options.flag('fire_threshold')} must be positive, got {options.fire_threshold}")
+        if not options.fire_threshold <= torch.finfo(torch.float32).max:
+            raise PositionOptionError(
+                f"{options.flag('fire_threshold')} must be at most float32's largest value (3.4e38), got "
+                f"{options.fire_threshold} (an infinite threshold L normalises every distance to 0: the bias is the "
+                "same for every pair, and c and L get NaN gradients)")
         if self.is_on(options):
             return
         for name, default in (("fire_hidden", 32), ("fire_threshold", 512)):

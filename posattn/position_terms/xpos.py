@@ -63,6 +63,13 @@ def xpos_zeta(head_dim: int, dtype: torch.dtype, device: Optional[torch.device] 
     return (pairs / head_dim + XPOS_GAMMA) / (1 + XPOS_GAMMA)
 
 
+def decays_nothing(scale_base: int, positions: int) -> bool:
+    """The fastest decay over ``positions`` positions, ``zeta_0^((positions - 1)/B)``, rounds to 1 in float32 (at
+    least one position apart): every scale of the tables is 1, the transform RoPE's."""
+    decay = (XPOS_GAMMA / (1 + XPOS_GAMMA)) ** (max(positions - 1, 1) / scale_base)
+    return torch.tensor(decay, dtype=torch.float32).item() == 1.0
+
+
 @dataclass(frozen=True)
 class XPosTables(Preparation):
     """The current tokens' rotation tables scaled for the queries and for the keys, ``(4, batch or 1, 1,
@@ -162,6 +169,11 @@ class XPosMethod(PositionMethod):
             raise PositionOptionError(
                 f"{options.flag('xpos_scale_base')} {options.xpos_scale_base} has no effect without "
                 f"{options.flag('xpos')}; add it or drop {options.flag('xpos_scale_base')}")
+        if self.is_on(options) and decays_nothing(options.xpos_scale_base, options.max_positions):
+            raise PositionOptionError(
+                f"{options.flag('xpos_scale_base')} must leave some decay over the {options.max_positions} positions "
+                f"of {options.max_positions_option}, got {options.xpos_scale_base} (zeta^(n/B) rounds to 1 in "
+                f"float32: xPos would be RoPE, {options.flag('rotary')})")
 
     def terms(self, options: Any, layer: LayerSpec) -> List[nn.Module]:
         if layer.head_dim % 2:

@@ -17,6 +17,7 @@ PYTEST_FILES = (
     "tests/test_training_at_scale.py",
     "tests/test_compile.py",
     "tests/test_lstm_lm_precision.py",
+    "tests/test_lstm_lm_compiled.py",
     "tests/test_mixed_precision_cli.py",
     "tests/test_distributed.py",
     "tests/test_attention_terms.py",
