@@ -13,7 +13,7 @@ mkdir -p "$WORK"
 WORK="$(cd "$WORK" && pwd -P)"
 ENV="$WORK/env"
 PYTHON="${PYTHON:-python3}"
-step() { echo "==> $*"; }
+step() { echo "==> [$SECONDS s] $*"; }
 
 step "1/6 a fresh virtualenv with the user's own torch and fairseq ($ENV)"
 rm -rf "$ENV"

@@ -67,7 +67,11 @@ LM = ["--task", "language_modeling", "--arch", "transformer_lm_posattn", "--deco
 NO_POSITIONS = ["--no-token-positional-embeddings"]
 #: the language models whose method is fine-tuned into another (``--decoder-reset-position-options``)
 LM_METHODS = {"sinusoidal": [], "cope8": ["--decoder-cope", "8", *NO_POSITIONS],
-              "sandwich": ["--decoder-sandwich", "8", *NO_POSITIONS]}
+              "sandwich": ["--decoder-sandwich", "8", *NO_POSITIONS],
+              "xpos": ["--decoder-xpos", "--decoder-xpos-scale-base", "16", "--max-target-positions", "2048",
+                       *NO_POSITIONS]}
+#: the longest sequence xPos at scale base 16 reaches in float32 (its largest key scale a hundredth below the max)
+XPOS_LONGEST = 1074
 FOX = ["--decoder-forget-gate", *NO_POSITIONS, "--decoder-reset-position-options"]
 COPE = "decoder.layers.0.self_attn.row_term.embeddings"
 
@@ -175,6 +179,9 @@ def console_runs(data: Dict[str, str], trained: Dict[str, str]) -> Dict[str, Tup
         "sentences beyond N": ("fairseq-eval-lm", [
             data["ptb"], "--user-dir", USER_DIR, "--path", trained["lstm"], "--cpu", "--sample-break-mode", "eos",
             "--tokens-per-sample", "35", "--num-workers", "0"]),
+        "xPos past its range": ("fairseq-eval-lm", [
+            data["ptb"], "--user-dir", USER_DIR, "--path", trained["xpos"], "--cpu", "--num-workers", "0",
+            "--tokens-per-sample", str(XPOS_LONGEST + 1)]),
         "a validation split without side data": ("fairseq-train", [
             data["translation"], *TRANSLATION, *COMMON, "--max-update", "1", "--valid-subset", "valid,test",
             "--no-save"]),
@@ -453,6 +460,15 @@ def test_the_device_probe_refuses_gpus_that_torch_does_not_see(tmp_path):
                             env=dict(env, GPUS=str(seen + 1), OUT=str(tmp_path / "out")))
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr.startswith(f"run.sh: GPUS={seen + 1}") and len(result.stderr.splitlines()) == 1
+
+
+@pytest.mark.slow
+def test_xpos_past_the_range_of_its_scales_is_one_line_at_evaluation(outcomes):
+    """fairseq-eval-lm of an xPos model (scale base 16) in blocks one token past what float32 holds of its key
+    scales: one line naming the length and what to do, where it printed ``Perplexity: nan``."""
+    line = refusal(outcomes, "xPos past its range", "fairseq-eval-lm")
+    assert f"a sequence of {XPOS_LONGEST + 1} tokens is longer than xPos reaches in float32" in line
+    assert f"pass the type's range from {XPOS_LONGEST + 1} tokens on" in line and "larger scale base" in line
 
 
 # ---------------------------------------------------------------------------- 4. partial tagging accuracy
