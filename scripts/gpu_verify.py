@@ -390,9 +390,10 @@ def correctness(report: Report, sizes: Sizes, device: Any, budget: float, jobs: 
     checking = sum(row["seconds"] for row in rows) - compiling
     first = sum(1 for sweep, _ in results if sweep == FIRST_SWEEP)
     flex = [index for sweep, index in tasks if sweep == FLEX_SWEEP]
+    missing_flex = [configuration_name(configurations[index]) for index in flex if (FLEX_SWEEP, index) not in results]
     report.notes.append(
         f"Correctness: {first} of {len(configurations)} layer configurations checked, and "
-        f"{len(flex) - sum(1 for index in flex if (FLEX_SWEEP, index) not in results)} of the {len(flex)} that take "
+        f"{len(flex) - len(missing_flex)} of the {len(flex)} that take "
         f"flex_attention at {lengths_label(sizes.flex_lengths)}, in {time.monotonic() - started:.0f} s with {jobs} "
         f"process{'es' if jobs > 1 else ''}: compilation {compiling:.1f} s, checks {checking:.1f} s (summed over "
         "the processes).")
@@ -401,7 +402,6 @@ def correctness(report: Report, sizes: Sizes, device: Any, budget: float, jobs: 
     if missing:
         report.notes.append(f"Correctness: {len(missing)} of {len(configurations)} layer configurations not reached "
                             f"within the {budget:.0f} s budget (no path checked): {'; '.join(missing)}.")
-    missing_flex = [configuration_name(configurations[index]) for index in flex if (FLEX_SWEEP, index) not in results]
     if missing_flex:
         report.notes.append(f"Correctness: flex_attention at {lengths_label(sizes.flex_lengths)} not reached for "
                             f"{len(missing_flex)} of the {len(flex)} configurations that take it: "

@@ -149,12 +149,12 @@ def test_step_by_step_decoding_after_a_compiled_prefix(chunk, device):
     assert not pa._compile_failures, pa._compile_failures
 
 
-def test_failing_compiler_warns_once_and_gives_the_eager_numbers(chunk, device, caplog):
+def test_failing_compiler_warns_once_and_gives_the_eager_numbers(chunk, device, caplog, monkeypatch):
     def failing(*args):
         raise RuntimeError("no C++ compiler found\nsecond line")
 
-    saved = (list(pa._compiled_mu_steps), dict(pa._compile_failures), set(pa._compile_checked))
-    pa._compiled_mu_steps[:] = [failing]
+    saved = (dict(pa._compile_failures), set(pa._compile_checked))
+    monkeypatch.setattr(pa, "compiled_mu_steps", lambda: failing)
     pa._compile_checked.clear()
     generator = torch.Generator().manual_seed(3)
     args = (torch.rand(2, chunk + 1, 3, generator=generator).to(device), torch.zeros(2, device=device),
@@ -165,9 +165,8 @@ def test_failing_compiler_warns_once_and_gives_the_eager_numbers(chunk, device, 
             second = PositionalAttention.recur_mu(*args)
         failures = dict(pa._compile_failures)
     finally:
-        pa._compiled_mu_steps[:], _, _ = saved
-        pa._compile_failures.clear(), pa._compile_failures.update(saved[1])
-        pa._compile_checked.clear(), pa._compile_checked.update(saved[2])
+        pa._compile_failures.clear(), pa._compile_failures.update(saved[0])
+        pa._compile_checked.clear(), pa._compile_checked.update(saved[1])
     expected = eager(PositionalAttention.recur_mu, *args)
     assert torch.equal(first, expected) and torch.equal(second, expected)
     assert failures == {device.type: "RuntimeError: no C++ compiler found"}

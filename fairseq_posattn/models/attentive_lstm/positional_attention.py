@@ -44,8 +44,9 @@ composed products of the a_t overflow to inf where the loop stays bounded, and b
 0 * inf = NaN.
 """
 
+import functools
 import logging
-from typing import Callable, Dict, List, Optional, Set, Tuple
+from typing import Callable, Dict, Optional, Set, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -71,7 +72,6 @@ COMPILED_MU_STEPS = 35
 #: ``compiled`` (on every device), ``eager`` (nowhere)
 MU_RECURRENCES = ("auto", "compiled", "eager")
 _setting = {"mu_recurrence": "auto"}
-_compiled_mu_steps: List[Callable[..., Tensor]] = []  # torch.compile(packed_mu_steps), made at first use
 _compile_failures: Dict[str, str] = {}  # device type -> why the compiled recurrence does not run there
 _compile_checked: Set[Tuple[str, bool, bool]] = set()  # (device type, grad mode, needs a gradient) tried
 
@@ -120,12 +120,11 @@ def packed_mu_steps(packed: Tensor, normalizer: Tensor, positions: Tensor) -> Te
     return mu_steps(packed[:, 1:], packed[:, 0, 0], normalizer, positions)
 
 
+@functools.cache
 def compiled_mu_steps() -> Callable[..., Tensor]:
     """:func:`packed_mu_steps` compiled (made once per process; dynamo keeps a graph per device and
     grad mode, the batch size a symbol)."""
-    if not _compiled_mu_steps:
-        _compiled_mu_steps.append(torch.compile(packed_mu_steps, fullgraph=True))
-    return _compiled_mu_steps[0]
+    return torch.compile(packed_mu_steps, fullgraph=True)
 
 
 def uses_compiled_mu(mu_weights: Tensor) -> bool:
