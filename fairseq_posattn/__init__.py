@@ -10,25 +10,46 @@ training flag that makes the change explicit).
 """
 
 import importlib.util
+import os
+import sys
+
+#: the extras a ``posattn-*`` command needs beyond ``[fairseq]`` (setup.py's console scripts)
+COMMAND_EXTRAS = {"posattn-parse": "fairseq,parse"}
+
+
+def _refusal(message: str, missing: str, extra: str) -> ImportError:
+    """The import's refusal (``message``), an ImportError; in a ``posattn-*`` command of this front-end (setup.py's
+    console scripts, which ``pip install`` without an extra installs too) the one line ``COMMAND: error: ...``
+    naming the extra to install instead, and exit status 1."""
+    command = os.path.basename(sys.argv[0]) if sys.argv else ""
+    module = command[len("posattn-"):].replace("-", "_")  # each command is a module of cli/ (tests/test_layering.py)
+    if command.startswith("posattn-") and os.path.isfile(os.path.join(os.path.dirname(__file__), "cli",
+                                                                      f"{module}.py")):
+        extra = COMMAND_EXTRAS.get(command, extra)
+        raise SystemExit(f"{command}: error: {command} is a command of the fairseq front-end, which needs "
+                         f"{missing}: pip install \"fairseq-posattn[{extra}]\" (the library posattn alone needs "
+                         "torch only)")
+    return ImportError(message)
+
 
 try:
     import fairseq  # noqa: F401
 except ImportError as e:
-    raise ImportError(
+    raise _refusal(
         f"fairseq_posattn is a fairseq 0.12 plugin, and fairseq does not import here ({e}). Install it: "
         "on Python >= 3.11 `pip install --no-deps fairseq-fixed==0.12.3.1` (the official fairseq==0.12.2 "
         "does not import on 3.11), below 3.11 `pip install fairseq==0.12.2`; or `pip install "
-        "'fairseq-posattn[fairseq]'`, which picks the right one (README: Install into your own environment)"
-    ) from e
+        "'fairseq-posattn[fairseq]'`, which picks the right one (README: Install into your own environment)",
+        f"fairseq 0.12 ({e})", "fairseq") from e
 
 #: the import names of the front-end's libraries (setup.py's ``plugin`` extra), which ``pip install fairseq-posattn``
 #: without an extra leaves out (the library ``posattn`` needs torch alone)
 PLUGIN_LIBRARIES = ("sacrebleu", "sacremoses", "subword_nmt", "conllu", "tqdm", "matplotlib")
 _missing = [name for name in PLUGIN_LIBRARIES if importlib.util.find_spec(name) is None]
 if _missing:
-    raise ImportError(f"the fairseq front-end needs {', '.join(_missing)}, which are not installed: "
-                      "`pip install 'fairseq-posattn[plugin]'` (or [fairseq], which also installs fairseq); "
-                      "the library `posattn` alone needs torch only")
+    raise _refusal(f"the fairseq front-end needs {', '.join(_missing)}, which are not installed: "
+                   "`pip install 'fairseq-posattn[plugin]'` (or [fairseq], which also installs fairseq); "
+                   "the library `posattn` alone needs torch only", f"{', '.join(_missing)} (not installed)", "plugin")
 
 from fairseq_posattn import compat, distributed_compat, user_errors  # noqa: E402
 

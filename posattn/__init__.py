@@ -7,22 +7,33 @@ The public interface (shapes in each docstring):
 - :class:`SelfAttention`: a self-attention module with projections and a :class:`DecodingCache`, for plain
   PyTorch models (``SelfAttention(d, heads, causal=True, **method_options)``);
 - :func:`position_method`: a layer's method alone (its terms), for a model that keeps its projections;
-- :func:`position_options`: a side's options from Python, by the command-line options' names without the side
-  (docs/methods.md lists every method's), shared by a model's layers;
+- :func:`position_options`: a side's options from Python, by the command-line options' names without the side,
+  shared by a model's layers; :func:`describe_options` lists every option with its values, default and meaning;
 - :func:`batch_context`: one batch's positions, built once and passed to every layer.
+
+Misuse is refused in one line, a :class:`UserError` (:class:`ArgumentError`, :class:`MisuseError`,
+:class:`PositionOptionError`, ...). docs/pytorch.md is the interface's reference.
 
 The methods are registered in :mod:`posattn.position_terms` (one file each); the fairseq plugin
 (``fairseq_posattn``) is a front-end of this package.
 """
 
-__version__ = "0.3.0"  # the one source of the version (setup.py reads it; CHANGELOG.md)
+__version__ = "0.4.0"  # the one source of the version (setup.py reads it; CHANGELOG.md)
 
 from posattn.decoding import DecodingCache  # noqa: E402
-from posattn.errors import UserError  # noqa: E402
+from posattn.errors import ArgumentError, MisuseError, UserError  # noqa: E402
 from posattn.functional import batch_context, position_attention  # noqa: E402
 from posattn.position_method import position_method  # noqa: E402
-from posattn.position_options import PositionOptionError, SidePositionOptions, position_options  # noqa: E402
+from posattn.position_options import (  # noqa: E402
+    OptionTypeError,
+    PositionOptionError,
+    SidePositionOptions,
+    describe_options,
+    position_options,
+)
+from posattn.position_terms.base import SequenceTooLongError  # noqa: E402
 from posattn.self_attention import SelfAttention  # noqa: E402
 
-__all__ = ["DecodingCache", "PositionOptionError", "SelfAttention", "SidePositionOptions", "UserError",
-           "batch_context", "position_attention", "position_method", "position_options"]
+__all__ = ["ArgumentError", "DecodingCache", "MisuseError", "OptionTypeError", "PositionOptionError", "SelfAttention",
+           "SequenceTooLongError", "SidePositionOptions", "UserError", "batch_context", "describe_options",
+           "position_attention", "position_method", "position_options"]

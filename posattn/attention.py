@@ -25,8 +25,11 @@ Order of operations for one head (docs/methods.md, Order of operations in one he
 the explicit one of its kind, and a pointwise ``score_mod`` where it is a function of the logit and
 of tensors prepared once per batch. Each call takes the path its terms allow (:meth:`PositionKernel.path`):
 
-- ``sdpa``: ``F.scaled_dot_product_attention`` with the biases and masks folded into one float mask,
-  when only projection scalings, query/key transforms and additive biases are on;
+- ``sdpa``: ``F.scaled_dot_product_attention``, when only projection scalings, query/key transforms and
+  additive biases are on, in the fastest form the call allows (:meth:`PositionKernel.sdpa_form`): with biases,
+  one float mask (the parameter-free biases and the blocked entries summed once per batch); without, a boolean
+  mask on a padded batch, and on a batch known to hold no pad SDPA's causal kernel (``is_causal=True``) or no
+  mask at all;
 - ``flex_attention``: on CUDA, when every term that changes a logit has a ``score_mod`` form and at
   least one of them learns or rescales (compiled ``flex_attention``, a block mask for padding and
   causality prepared once per batch; no (length x length) tensor is kept for the backward pass);
@@ -60,8 +63,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from posattn.compat import autocast_dtype
 from posattn.kernel_self_check import fused_path_agrees
-from posattn.position_context import BlockedEntries, PositionContext, Preparation
+from posattn.position_context import (
+    BlockedBias, BlockedEntries, CausalMask, PositionContext, Preparation, VisibleEntries,
+)
 from posattn.position_terms.base import (
     AdditiveLogitBias,
     KeyValueAugmentation,
@@ -89,6 +95,8 @@ except ImportError:  # pragma: no cover - older torch: SDPA chooses its backend 
 logger = logging.getLogger(__name__)
 
 EXPLICIT, SDPA, FLEX = "explicit", "sdpa", "flex_attention"
+#: the SDPA path's forms (:meth:`PositionKernel.sdpa_form`), from the fastest
+IS_CAUSAL, NO_MASK, BOOLEAN_MASK, FLOAT_MASK = "is_causal", "no mask", "boolean mask", "float mask"
 #: ``--{side}-attention-kernel`` values
 KERNEL_CHOICES = ("auto", "explicit", "flex")
 
@@ -296,7 +304,9 @@ class PositionKernel(nn.Module):
         Args:
             q, k, v: ``(batch, heads, tgt_len, head_dim)`` of the current tokens, ``q`` already scaled.
             ctx: the batch's context; its padding mask covers every key (the cached ones included).
-            attn_mask: ``(tgt_len, src_len)`` float, ``-inf`` above the diagonal on a causal side's full pass.
+            attn_mask: ``(tgt_len, src_len)`` float, ``-inf`` where a key comes after the query on a causal side
+                (fairseq's future mask); None: the context's (the paths take causality from the context; the
+                explicit path builds this mask from it where it is needed, once per batch).
             state: the layer's decoding state (module docstring), read and updated in place; None outside
                 decoding.
             x: ``(tgt_len, batch, embed_dim)``, the layer input the token-difference terms read (None: the layer
@@ -308,7 +318,7 @@ class PositionKernel(nn.Module):
             the output ``(batch, heads, tgt_len, head_dim)``; with ``need_weights`` the softmax and the weights
             that multiply V (after the post-softmax transform), each ``(batch, heads, tgt_len, src_len)``.
         """
-        check_causality(ctx, attn_mask, q.size(2))
+        check_causality(ctx, attn_mask)
         for term in self.query_key_terms:  # the current tokens', before the cache
             q, k = term(q, k, ctx)
         history: Optional[Tensor] = None
@@ -324,8 +334,10 @@ class PositionKernel(nn.Module):
         values = self.token_values(x, ctx, earlier) if self.token_difference_terms else []
 
         path, reason = self.path(need_weights, q.device, decoding=state is not None, kernel=kernel)
-        if path != EXPLICIT and not fused_path_agrees(self, path, ctx, computed_dtype(q)):
-            path, reason = EXPLICIT, f"the {path} kernel failed its self-check here"
+        form = self.sdpa_form(ctx, q.size(2), k.size(2)) if path == SDPA else None
+        if path != EXPLICIT and not fused_path_agrees(self, path, ctx, computed_dtype(q), q.size(2), k.size(2), form):
+            kernel_name = path if form is None else f"{path} ({form})"
+            path, reason = EXPLICIT, f"the {kernel_name} kernel failed its self-check here"
         self._log_path(path, reason)
         softmax = probs = rows = None
         if path == EXPLICIT:
@@ -333,7 +345,7 @@ class PositionKernel(nn.Module):
         elif path == FLEX:
             out = self._attend_flex(q, k, v, ctx, values)
         else:
-            out = self._attend_fused(q, k, v, ctx, attn_mask, values)
+            out = self._attend_fused(q, k, v, ctx, values)
 
         if state is not None:
             state["prev_key"], state["prev_value"] = k, v
@@ -356,20 +368,53 @@ class PositionKernel(nn.Module):
             return self._attend_explicitly(q, k, v, ctx, attn_mask, None, values, dropout=False)[0]
         if path == FLEX:
             return self._attend_flex(q, k, v, ctx, values)
-        return self._attend_fused(q, k, v, ctx, attn_mask, values, dropout=False)
+        return self._attend_fused(q, k, v, ctx, values, dropout=False)
 
-    def _attend_fused(
-        self, q: Tensor, k: Tensor, v: Tensor, ctx: PositionContext, attn_mask: Optional[Tensor],
-        values: Sequence[Tensor], dropout: bool = True,
-    ) -> Tensor:
+    def sdpa_form(self, ctx: PositionContext, tgt_len: int, src_len: int) -> str:
+        """How the SDPA path calls ``F.scaled_dot_product_attention`` for the last ``tgt_len`` of ``src_len`` tokens
+        of the batch ``ctx`` (docs/methods.md, Kernel paths): a layer with biases, one float mask (the biases, and
+        -inf where a key is not seen); without biases, on a batch with pads, a boolean mask (True where seen); on a
+        pad-free batch (:attr:`~posattn.position_context.PositionContext.pad_free`), SDPA's causal kernel for a
+        causal full pass (``is_causal=True``, no mask), no mask where every key is seen (a bidirectional call, or
+        one query after the cached keys: the last token), else the bottom-right causal boolean mask (several
+        queries after cached keys)."""
+        if self.additive_terms or self.token_difference_terms:
+            return FLOAT_MASK
+        if not ctx.pad_free or (ctx.causal and 1 < tgt_len < src_len):
+            return BOOLEAN_MASK
+        return IS_CAUSAL if ctx.causal and tgt_len > 1 else NO_MASK
+
+    def _attend_fused(self, q: Tensor, k: Tensor, v: Tensor, ctx: PositionContext, values: Sequence[Tensor],
+                      dropout: bool = True) -> Tensor:
+        """The SDPA path in the call's :meth:`sdpa_form`; the masks come from the context (its causality and
+        padding), as flex_attention's block mask does, never from the caller's ``attn_mask``."""
         tgt_len, src_len = q.size(2), k.size(2)
-        mask = ctx.key_padding_bias(q.dtype, tgt_len)  # shared by the layers: never changed in place
-        for bias in self.biases(ctx, values, tgt_len, src_len):
-            mask = mask + same_dtype(bias, q.dtype)
-        if attn_mask is not None:
-            mask = mask + same_dtype(attn_mask, q.dtype)
+        form = self.sdpa_form(ctx, tgt_len, src_len)
         dropout_p = self.dropout_module.p if self.training and dropout else 0.0
+        if form == FLOAT_MASK:
+            mask = self.float_mask(ctx, values, tgt_len, src_len, q.dtype)
+        else:  # a boolean mask, or None
+            mask = None if form == IS_CAUSAL else ctx.prepared(VisibleEntries(tgt_len, src_len))
+        if mask is None:  # on CUDA any backend: FlashAttention, cuDNN, memory-efficient, math
+            return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=form == IS_CAUSAL, scale=1.0)
         return masked_sdpa(q, k, v, mask, dropout_p)
+
+    def float_mask(self, ctx: PositionContext, values: Sequence[Tensor], tgt_len: int, src_len: int,
+                   dtype: torch.dtype) -> Tensor:
+        """The float mask of :data:`FLOAT_MASK`, in ``dtype``: -inf where a key is not seen, plus every bias. The
+        blocked entries and the parameter-free biases (those that declare their :meth:`prepared_bias`) are summed
+        once per batch (:class:`MaskedBiases`, shared by the layers: never changed in place); a learned bias and
+        the token-difference biases, which need their gradients, are added in the call. In incremental decoding
+        with sequence tables every bias is the call's (a row sliced from the sequence's table)."""
+        additive = [(term, None if ctx.tables is not None else term.prepared_bias(tgt_len, src_len))
+                    for term in self.additive_terms]
+        mask = ctx.prepared(MaskedBiases(dtype, tgt_len, src_len,
+                                         tuple(prepared for _, prepared in additive if prepared is not None)))
+        called = [term.bias(ctx, tgt_len, src_len) for term, prepared in additive if prepared is None]
+        called += [term.bias_of(token_values, tgt_len) for term, token_values in self.with_values(values)]
+        for bias in called:
+            mask = same_dtype(bias, dtype) if mask is None else mask + same_dtype(bias, dtype)
+        return mask
 
     def score_mod(self, ctx: PositionContext, q: Tensor, src_len: int, values: Sequence[Tensor]) -> ScoreMod:
         """The layer's terms composed into one ``score_mod``, in the kernel's order (``values``: those of the
@@ -406,6 +451,8 @@ class PositionKernel(nn.Module):
             logits = self.scaling_term(logits, ctx)
         for bias in self.biases(ctx, values, tgt_len, src_len):
             logits.add_(same_dtype(bias, logits.dtype))
+        if attn_mask is None and ctx.causal and tgt_len > 1:  # the context's causal mask
+            attn_mask = ctx.prepared(CausalMask(tgt_len, src_len, logits.dtype))
         if attn_mask is not None:
             logits.add_(same_dtype(attn_mask, logits.dtype))
         logits.masked_fill_(ctx.key_padding_4d(tgt_len), float("-inf"))
@@ -440,10 +487,8 @@ class PositionKernel(nn.Module):
 def computed_dtype(q: Tensor) -> torch.dtype:
     """The dtype the kernels multiply ``q`` in: under autocast (on ``q``'s device) fp32 is cast down to autocast's
     dtype, which the self-check then compares in, with its tolerance."""
-    device = q.device.type
-    if q.dtype == torch.float32 and torch.is_autocast_enabled(device):
-        return torch.get_autocast_dtype(device)
-    return q.dtype
+    autocast = autocast_dtype(q.device.type) if q.dtype == torch.float32 else None
+    return q.dtype if autocast is None else autocast
 
 
 def token_values_key(index: int) -> str:
@@ -452,16 +497,13 @@ def token_values_key(index: int) -> str:
     return f"prev_token_values_{index}"
 
 
-def check_causality(ctx: PositionContext, attn_mask: Optional[Tensor], tgt_len: int) -> None:
-    """The kernel takes a side's causality from its context (the blocked entries, flex_attention's
-    block mask); fairseq's layers hand the causal side's ``attn_mask`` too. Refuse a call where the
-    two disagree (a causal mask on a bidirectional context, or a causal context's full pass without
-    its mask), which would otherwise mask differently on different kernel paths."""
+def check_causality(ctx: PositionContext, attn_mask: Optional[Tensor]) -> None:
+    """The kernel takes a side's causality from its context (the blocked entries, SDPA's masks or causal kernel,
+    flex_attention's block mask); fairseq's layers hand the causal side's ``attn_mask`` too, which the explicit
+    path adds. Refuse a causal mask on a bidirectional context, which the paths would mask differently."""
     if attn_mask is not None and not ctx.causal:
         raise ValueError("an attn_mask was given with a bidirectional PositionContext: build the context "
                          "of a causal side with causal=True")
-    if attn_mask is None and ctx.causal and tgt_len > 1:
-        raise ValueError("a causal PositionContext's full pass needs the side's causal attn_mask")
 
 
 def compose(mods: Sequence[ScoreMod]) -> ScoreMod:
@@ -511,20 +553,42 @@ class FlexBlockMask(Preparation):
 
     def build(self, ctx: PositionContext) -> Any:
         padding, causal, offset = ctx.padding_mask[:, : self.src_len], ctx.causal, self.src_len - self.tgt_len
-        last_key = self.src_len - 1
+        last_key, last_row = self.src_len - 1, padding.size(0) - 1  # one row: a batch without pads
 
         def visible(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-            seen = (kv_idx <= last_key) & ~padding[b, torch.clamp(kv_idx, max=last_key)]
+            seen = (kv_idx <= last_key) & ~padding[torch.clamp(b, max=last_row), torch.clamp(kv_idx, max=last_key)]
             return seen & (kv_idx <= q_idx + offset) if causal else seen
         return create_block_mask(visible, padding.size(0), None, padded_length(self.tgt_len),
                                  padded_length(self.src_len), device=str(padding.device))
 
 
+@dataclass(frozen=True)
+class MaskedBiases(Preparation):
+    """The batch's part of a float mask in ``dtype``: the parameter-free ``biases`` (each a term's
+    :meth:`~posattn.position_terms.base.AdditiveLogitBias.prepared_bias`, built here and not kept apart: only the
+    sum is) and -inf where a query may not see a key (:class:`~posattn.position_context.VisibleEntries`); None where
+    that is nothing."""
+
+    dtype: torch.dtype
+    tgt_len: int
+    src_len: int
+    biases: Tuple[Preparation, ...] = ()
+
+    def build(self, ctx: PositionContext) -> Optional[Tensor]:
+        if not self.biases:
+            return ctx.prepared(BlockedBias(self.dtype, self.tgt_len, self.src_len))
+        mask = same_dtype(self.biases[0].build(ctx), self.dtype)
+        for preparation in self.biases[1:]:
+            mask = mask + same_dtype(preparation.build(ctx), self.dtype)
+        visible = ctx.prepared(VisibleEntries(self.tgt_len, self.src_len))
+        return mask if visible is None else mask.masked_fill(~visible, float("-inf"))
+
+
 def masked_sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, dropout_p: float) -> Tensor:
-    """SDPA with a float mask (biases, padding, causality folded in), ``q`` already scaled. On CUDA only
-    the memory-efficient and math backends may run it: cuDNN's, torch 2.11's default on H100/H200,
-    gives NaN query gradients with a mask at lengths % 128 == 64 (pytorch#196678), and of the fused
-    backends only the memory-efficient one computes a mask's gradient (a learned bias's)."""
+    """SDPA with a float or a boolean mask, ``q`` already scaled. On CUDA only the memory-efficient and math backends
+    may run it: cuDNN's, torch 2.11's default on H100/H200, gives NaN query gradients with a mask at lengths % 128
+    == 64 (pytorch#196678), FlashAttention takes no mask, and of the fused backends only the memory-efficient one
+    computes a mask's gradient (a learned bias's). (Without a mask the kernel calls SDPA itself, on any backend.)"""
     if q.device.type != "cuda" or sdpa_kernel is None:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=1.0)
     with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]):

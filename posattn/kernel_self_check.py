@@ -12,9 +12,11 @@ path and the explicit path on a random batch of awkward lengths (:data:`CHECK_LE
 side pads, with the side's causality and the side data its terms need) and compares the outputs and, for a
 layer in training mode, the gradients of the queries, keys, values, the layer input (where a token-difference
 bias computes its values from it) and every learned position parameter the path reads, with a tolerance by
-dtype. A configuration is everything the kernels see: the layer's terms and their sizes, the path, dtype, device, causality, padding side and training
-mode; the layers of one configuration share one check. A fused path that fails to run (a compilation
-error, such as Triton's "No valid triton configs" where the kernel needs more shared memory than the GPU
+dtype. A configuration is everything the kernels see: the layer's terms and their sizes, the path (with the SDPA
+path's form: its causal kernel, no mask, a boolean or a float mask), which tokens are queries (all, the last one,
+several after cached keys), dtype, device, causality, padding side (or no pad at all) and training mode; the
+check's batch is shaped so (the same form), and the layers of one configuration share one check. A fused path
+that fails to run (a compilation error, such as Triton's "No valid triton configs" where the kernel needs more shared memory than the GPU
 has) counts as a mismatch. On a mismatch or a non-finite value, ``--{side}-attention-self-check``:
 
 - ``warn`` (default): one warning line (torch and CUDA versions, the layer, the path, the largest
@@ -31,7 +33,7 @@ when it compares.
 import logging
 import time
 from dataclasses import dataclass
-from typing import Dict, Hashable, List, Tuple
+from typing import Dict, Hashable, List, Optional, Tuple
 
 import torch
 from torch import Tensor, nn
@@ -117,23 +119,39 @@ def causal_mask(length: int, dtype: torch.dtype, device: torch.device) -> Tensor
     return torch.triu(torch.full((length, length), float("-inf"), dtype=dtype, device=device), 1)
 
 
+def query_rows(tgt_len: int, src_len: int) -> str:
+    """``last``: one query, the last token (a decoding step); ``all``: every token (a full pass); ``some``: the last
+    ``tgt_len`` of ``src_len`` tokens (several queries after cached keys). The SDPA path's form depends on it."""
+    if tgt_len == 1:
+        return "last"
+    return "all" if tgt_len == src_len else "some"
+
+
+def queries_of(rows: str, length: int) -> int:
+    """The number of queries of the check's batch of ``length`` tokens for ``rows``: all, the last one, or the
+    last half."""
+    return {"all": length, "last": 1, "some": (length + 1) // 2}[rows]
+
+
 def compare_paths(attn: nn.Module, path: str, ctx: PositionContext, dtype: torch.dtype, gradients: bool,
-                  seed: int = 0) -> Comparison:
+                  seed: int = 0, rows: str = "all") -> Comparison:
     """Run ``path`` and the explicit path of ``attn`` on random queries, keys and values of the batch
     ``ctx`` describes, and compare the outputs of the real query rows and, with ``gradients``, the
-    gradients of q, k, v and of the learned position parameters (of a random projection of the output)."""
+    gradients of q, k, v and of the learned position parameters (of a random projection of the output).
+    ``rows``: which tokens are queries (:func:`query_rows`; the keys are every token)."""
     start = time.perf_counter()
     device, (batch, length) = ctx.padding_mask.device, ctx.padding_mask.shape
+    queries = queries_of(rows, length)
     generator = torch.Generator().manual_seed(seed)
 
     def draw(*shape: int) -> Tensor:
         return torch.randn(*shape, generator=generator, dtype=torch.float32).to(device=device, dtype=dtype)
 
-    qkv = [draw(batch, attn.num_heads, length, attn.head_dim).requires_grad_(gradients) for _ in range(3)]
+    qkv = [draw(batch, attn.num_heads, n, attn.head_dim).requires_grad_(gradients) for n in (queries, length, length)]
     qkv[0] = qkv[0].detach().mul_(attn.head_dim ** -0.5).requires_grad_(gradients)  # scaled, as projected
-    real_rows = ~ctx.padding_mask[:, None, :, None]
-    weights = draw(batch, attn.num_heads, length, attn.head_dim).masked_fill(~real_rows, 0)
-    attn_mask = causal_mask(length, dtype, device) if ctx.causal else None
+    real_rows = ~ctx.query_padding_mask(queries)[:, None, :, None]
+    weights = draw(batch, attn.num_heads, queries, attn.head_dim).masked_fill(~real_rows, 0)
+    attn_mask = causal_mask(length, dtype, device)[length - queries:] if ctx.causal and queries > 1 else None
     parameters = attn.learned_position_parameters()
     # the layer input, only where token-difference terms make their values of it
     layer_input = draw(length, batch, attn.embed_dim).requires_grad_(gradients) if attn.token_difference_terms else None
@@ -163,38 +181,46 @@ def compare_paths(attn: nn.Module, path: str, ctx: PositionContext, dtype: torch
     return Comparison(errors, tolerance, time.perf_counter() - start)
 
 
-def configuration_key(attn: nn.Module, path: str, ctx: PositionContext, dtype: torch.dtype) -> Hashable:
+def configuration_key(attn: nn.Module, path: str, ctx: PositionContext, dtype: torch.dtype, rows: str,
+                      form: Optional[str]) -> Hashable:
     """What the kernels of one call see, besides the batch's sizes (see the module docstring)."""
-    return (attn.configuration(), path, dtype, ctx.padding_mask.device, ctx.causal, ctx.positions is None,
-            attn.training)
+    return (attn.configuration(), path, form, rows, dtype, ctx.padding_mask.device, ctx.causal, ctx.positions is None,
+            ctx.pad_free, attn.training)
 
 
 #: the verdict of every configuration checked in this process
 _VERDICTS: Dict[Hashable, bool] = {}
 
 
-def fused_path_agrees(attn: nn.Module, path: str, ctx: PositionContext, dtype: torch.dtype) -> bool:
-    """Whether ``attn`` may take the fused ``path`` for a batch like ``ctx`` in ``dtype``: checked the
-    first time its configuration comes (module docstring), remembered for the rest of the process."""
+def fused_path_agrees(attn: nn.Module, path: str, ctx: PositionContext, dtype: torch.dtype, tgt_len: int,
+                      src_len: int, form: Optional[str] = None) -> bool:
+    """Whether ``attn`` may take the fused ``path`` (in the SDPA path's ``form``) for the last ``tgt_len`` of
+    ``src_len`` tokens of a batch like ``ctx`` in ``dtype``: checked the first time its configuration comes
+    (module docstring), remembered for the rest of the process."""
     if attn.self_check == "off":
         return True
-    key = configuration_key(attn, path, ctx, dtype)
+    rows = query_rows(tgt_len, src_len)
+    key = configuration_key(attn, path, ctx, dtype, rows, form)
     if torch.compiler.is_compiling():
         return _VERDICTS.get(key, True)
     verdict = _VERDICTS.get(key)
     if verdict is None:
-        verdict = _VERDICTS[key] = self_check(attn, path, ctx, dtype)
+        verdict = _VERDICTS[key] = self_check(attn, path, ctx, dtype, rows, form)
     return verdict
 
 
-def self_check(attn: nn.Module, path: str, ctx: PositionContext, dtype: torch.dtype) -> bool:
-    """Compare ``path`` with the explicit path once on the check's batch; say what was found."""
+def self_check(attn: nn.Module, path: str, ctx: PositionContext, dtype: torch.dtype, rows: str = "all",
+               form: Optional[str] = None) -> bool:
+    """Compare ``path`` (in ``form``) with the explicit path once on the check's batch, shaped as ``ctx`` (its
+    padding side, or no pad at all) with ``rows`` of its tokens as queries; say what was found."""
     example = PositionContext.example(check_lengths(attn), ctx.positions is None, ctx.causal,
-                                      ctx.padding_mask.device, attn.all_terms())
-    comparison = compare_paths(attn, path, example, dtype, gradients=attn.training)
+                                      ctx.padding_mask.device, attn.all_terms(), pad_free=ctx.pad_free)
+    comparison = compare_paths(attn, path, example, dtype, gradients=attn.training, rows=rows)
     name, error = comparison.largest
-    what = (f"{attn.where}: the {path} kernel against the explicit path ({describe(dtype, ctx, attn.training)}, "
-            f"lengths {'/'.join(map(str, check_lengths(attn)))})")
+    kernel, lengths = path if form is None else f"{path} ({form})", check_lengths(attn)
+    batch = f"{len(lengths)} x {max(lengths)} tokens" if ctx.pad_free else f"lengths {'/'.join(map(str, lengths))}"
+    what = (f"{attn.where}: the {kernel} kernel against the explicit path "
+            f"({describe(dtype, ctx, attn.training, rows)}, {batch})")
     if comparison.agrees:
         logger.info("%s: self-check passed in %.3f s (largest relative error %.1e, %s)",
                     what, comparison.seconds, error, name)
@@ -209,10 +235,11 @@ def self_check(attn: nn.Module, path: str, ctx: PositionContext, dtype: torch.dt
     return False
 
 
-def describe(dtype: torch.dtype, ctx: PositionContext, training: bool) -> str:
-    padding = "right-padded" if ctx.positions is None else "left-padded"
+def describe(dtype: torch.dtype, ctx: PositionContext, training: bool, rows: str = "all") -> str:
+    padding = "no pads" if ctx.pad_free else "right-padded" if ctx.positions is None else "left-padded"
     side = "causal" if ctx.causal else "bidirectional"
-    return f"{str(dtype).replace('torch.', '')}, {side}, {padding}, {'training' if training else 'scoring'}"
+    queries = {"all": "", "last": ", the last token's query", "some": ", queries after cached keys"}[rows]
+    return f"{str(dtype).replace('torch.', '')}, {side}, {padding}{queries}, {'training' if training else 'scoring'}"
 
 
 def versions() -> str:

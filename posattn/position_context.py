@@ -5,9 +5,10 @@ pass from its tokens and passes it *with every layer call* (see
 :mod:`posattn.attention`): nothing is stored on a module, so a re-entrant call
 (activation checkpointing's recomputation, ``torch.compile``, FSDP, hooks) sees exactly what the
 first call saw. Every index tensor a position term needs (token positions, query-minus-key
-distances) is computed here once per batch, eagerly and without a host-device synchronisation, and
-shared by every layer and head. Per-token side data that a batch carries for a method (declared by the
-method as a ``BatchSideData`` and unpacked by the side) is held as given, by name
+distances) is computed here once per batch, without a host-device synchronisation, and shared by every
+layer and head (the (length x length) distances at their first use: a batch whose layers read none, as a
+layer without a method on SDPA's causal kernel, never holds them). Per-token side data that a batch carries for
+a method (declared by the method as a ``BatchSideData`` and unpacked by the side) is held as given, by name
 (:attr:`PositionContext.side_data`); the method that reads it derives what it needs from it with its own
 :class:`Preparation`.
 
@@ -17,7 +18,7 @@ token, never a pad.
 Derived tensors are built once where they cannot change:
 
 - :class:`Preparation` (:meth:`PositionContext.prepared`): a term *declares* each parameter-free
-  tensor it derives from the batch's geometry (the float padding mask, a query/key transform's angles, a
+  tensor it derives from the batch's geometry (the fused kernel's masks, a query/key transform's angles, a
   bias's buckets or values, the blocked entries, flex_attention's block mask) as a frozen dataclass whose fields
   are everything the tensor depends on besides the context, and whose ``build(ctx)`` makes it. The
   dataclass itself is the key: the first layer that asks builds it, every other layer of the side
@@ -85,19 +86,6 @@ class Preparation:
 
 
 @dataclass(frozen=True)
-class KeyPaddingBias(Preparation):
-    """:meth:`PositionContext.key_padding_4d` as a float mask: 0 where seen, -inf where not, in ``dtype`` (the
-    fused kernel's mask)."""
-
-    dtype: torch.dtype
-    tgt_len: int
-
-    def build(self, ctx: "PositionContext") -> Tensor:
-        blocked = ctx.key_padding_4d(self.tgt_len)
-        return torch.zeros(blocked.shape, dtype=self.dtype, device=blocked.device).masked_fill_(blocked, float("-inf"))
-
-
-@dataclass(frozen=True)
 class LeadingPadsSeePads(Preparation):
     """``(batch, 1, tgt_len, src_len)`` bool, True at a padded key, except in the rows of the pads before a
     sequence's first token (see :meth:`PositionContext.key_padding_4d`)."""
@@ -124,6 +112,62 @@ class CausalMask(Preparation):
 
 
 @dataclass(frozen=True)
+class IndexDifferences(Preparation):
+    """:attr:`PositionContext.distances` of a context built without them: ``(length, length)`` long ``i - j``."""
+
+    def build(self, ctx: "PositionContext") -> Tensor:
+        return index_differences(ctx.length, ctx.padding_mask.device)
+
+
+@dataclass(frozen=True)
+class AbsoluteDistances(Preparation):
+    """``(tgt_len, src_len)`` long ``|i - j|`` of the last ``tgt_len`` queries and the first ``src_len`` keys (the
+    index of a table of distances, read by every layer)."""
+
+    tgt_len: int
+    src_len: int
+
+    def build(self, ctx: "PositionContext") -> Tensor:
+        return ctx.relative_distances(self.tgt_len, self.src_len).abs()
+
+
+@dataclass(frozen=True)
+class VisibleEntries(Preparation):
+    """Where each of the last ``tgt_len`` queries may see each of the ``src_len`` keys, for SDPA's boolean mask
+    (True: seen): ``(batch, 1, tgt_len, src_len)`` of :meth:`PositionContext.key_padding_4d` and, on a causal side,
+    the keys not after the query; on a batch without pads (:attr:`PositionContext.pad_free`) ``(tgt_len,
+    src_len)``, the causal part alone (bottom-right aligned); None where every key is seen (a pad-free batch's
+    bidirectional or one-query call: no mask at all)."""
+
+    tgt_len: int
+    src_len: int
+
+    def build(self, ctx: "PositionContext") -> Optional[Tensor]:
+        causal = ctx.causal and self.tgt_len > 1
+        future = ctx.future(self.tgt_len, self.src_len) if causal else None
+        if ctx.pad_free:
+            return None if future is None else ~future
+        blocked = ctx.key_padding_4d(self.tgt_len)
+        return ~blocked if future is None else ~(blocked | future)
+
+
+@dataclass(frozen=True)
+class BlockedBias(Preparation):
+    """:class:`VisibleEntries` as SDPA's float mask in ``dtype``: 0 where seen, -inf where not (None where every
+    key is seen); the float mask that a layer's biases are added to, built once per batch."""
+
+    dtype: torch.dtype
+    tgt_len: int
+    src_len: int
+
+    def build(self, ctx: "PositionContext") -> Optional[Tensor]:
+        visible = ctx.prepared(VisibleEntries(self.tgt_len, self.src_len))
+        if visible is None:
+            return None
+        return torch.zeros(visible.shape, dtype=self.dtype, device=visible.device).masked_fill_(~visible, float("-inf"))
+
+
+@dataclass(frozen=True)
 class BlockedEntries(Preparation):
     """``(batch, 1, tgt_len, src_len)`` bool, True where a query may not see a key (a padded key, a
     later key on a causal side) or the query row is a pad."""
@@ -145,7 +189,8 @@ class PositionContext:
     Attributes:
         padding_mask: ``(batch, length)`` bool, True at pads, over *all* tokens of the side so far
             (in incremental decoding: every generated token, not only the current step's).
-        distances: ``(length, length)`` long, ``i - j`` of query index i and key index j. Padding
+        distances: ``(length, length)`` long, ``i - j`` of query index i and key index j (None: built at the
+            first use, once per batch: :meth:`relative_distances`). Padding
             shifts query and key of one sequence alike, so this is the token distance of every
             real pair (pads are masked anyway).
         positions: ``(batch, length)`` long token positions (pads clamped to 0), or None when the
@@ -157,16 +202,20 @@ class PositionContext:
         tables: the sequence's :class:`SequenceTables` in incremental decoding without gradients on
             a right-padded side, else None.
         causal: the side is causal (a decoder): query i sees the keys up to its own position only.
+        pad_free: the batch is known to hold no pad (it was built without a padding mask): the fused kernel then
+            needs no padding mask (SDPA's causal kernel, or no mask at all). False says nothing: a padding mask
+            of no True is masked as one with pads (knowing more would take a host-device synchronisation).
         memo: the prepared tensors of this batch (:meth:`prepared`).
     """
 
     padding_mask: Tensor
-    distances: Tensor
+    distances: Optional[Tensor] = None
     positions: Optional[Tensor] = None
     left_pads: Optional[Tensor] = None
     side_data: Mapping[str, Tensor] = field(default_factory=dict)
     tables: Optional[SequenceTables] = None
     causal: bool = False
+    pad_free: bool = False
     memo: Dict[Preparation, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
@@ -177,6 +226,7 @@ class PositionContext:
         side_data: Optional[Mapping[str, Tensor]] = None,
         tables: Optional[SequenceTables] = None,
         causal: bool = False,
+        pad_free: bool = False,
     ) -> "PositionContext":
         """Build the context of a batch from its ``(batch, length)`` padding mask.
 
@@ -188,6 +238,7 @@ class PositionContext:
             tables: the sequence tables of incremental decoding (kept only on a right-padded side
                 and without gradients, where they are valid).
             causal: the side is causal (a decoder, a language model).
+            pad_free: ``padding_mask`` is known to hold no True (:attr:`pad_free`; then right-padded too).
         """
         length, device = padding_mask.size(1), padding_mask.device
         positions = left_pads = None
@@ -196,12 +247,11 @@ class PositionContext:
             left_pads = padding_mask.long().cumprod(dim=1).sum(dim=1)
         if not right_padded or torch.is_grad_enabled():
             tables = None
-        if tables is None:
-            distances = index_differences(length, device)
-        else:  # a decoding step: a slice of the sequence's table
+        distances = None  # built at the first use
+        if tables is not None:  # a decoding step: a slice of the sequence's table
             distances = tables.get((index_differences,), length, lambda n: index_differences(n, device), 0)
             distances = distances[:length, :length]
-        return cls(padding_mask, distances, positions, left_pads, dict(side_data or {}), tables, causal)
+        return cls(padding_mask, distances, positions, left_pads, dict(side_data or {}), tables, causal, pad_free)
 
     @classmethod
     def from_tokens(
@@ -219,32 +269,33 @@ class PositionContext:
     @classmethod
     def unpadded(cls, length: int, device: torch.device, causal: bool = False) -> "PositionContext":
         """The context of one sequence of ``length`` tokens without padding."""
-        return cls.from_padding(torch.zeros(1, length, dtype=torch.bool, device=device), True, causal=causal)
+        return cls.from_padding(torch.zeros(1, length, dtype=torch.bool, device=device), True, causal=causal,
+                                pad_free=True)
 
     @classmethod
     def example(cls, lengths: Sequence[int], right_padded: bool, causal: bool, device: torch.device,
-                terms: Sequence[Any] = ()) -> "PositionContext":
+                terms: Sequence[Any] = (), pad_free: bool = False) -> "PositionContext":
         """A padded batch of sentences of ``lengths`` tokens shaped as a side's batches are: padded on its
         side, causal or not, with the per-token side data that ``terms`` need for it (each term's
-        ``example_side_data(padding_mask)``). The kernel self-check's and the GPU verification's batch (no
-        tokens needed)."""
+        ``example_side_data(padding_mask)``); ``pad_free``: as many sentences of the longest length, without a
+        pad and known to hold none (:attr:`pad_free`). The kernel self-check's and the GPU verification's batch
+        (no tokens needed)."""
         longest = max(lengths)
         padding = torch.ones(len(lengths), longest, dtype=torch.bool)
-        for row, length in enumerate(lengths):
+        for row, length in enumerate(longest if pad_free else length for length in lengths):
             padding[row, slice(0, length) if right_padded else slice(longest - length, longest)] = False
         padding = padding.to(device)
         side_data = {name: values for term in terms for name, values in term.example_side_data(padding).items()}
-        return cls.from_padding(padding, right_padded, side_data, causal=causal)
+        return cls.from_padding(padding, right_padded or pad_free, side_data, causal=causal, pad_free=pad_free)
 
     def prepared(self, preparation: Preparation) -> Any:
         """``preparation.build(self)``, built once per batch and shared by every layer that declares
         an equal preparation (built anew under ``torch.compile``, which shares it itself)."""
         if torch.compiler.is_compiling():
             return preparation.build(self)
-        value = self.memo.get(preparation)
-        if value is None:
-            value = self.memo[preparation] = preparation.build(self)
-        return value
+        if preparation not in self.memo:
+            self.memo[preparation] = preparation.build(self)
+        return self.memo[preparation]
 
     def future(self, tgt_len: int, src_len: int) -> Tensor:
         """``(tgt_len, src_len)`` bool, True where the key comes after the query (the last
@@ -270,11 +321,6 @@ class PositionContext:
         if table is None:
             return compute(self, tgt_len, src_len)
         return table[..., src_len - tgt_len : src_len, :src_len]
-
-    def key_padding_bias(self, dtype: torch.dtype, tgt_len: int) -> Tensor:
-        """:meth:`key_padding_4d` of ``tgt_len`` queries as a float mask, 0 or -inf, in ``dtype`` (the fused
-        kernel's mask)."""
-        return self.prepared(KeyPaddingBias(dtype, tgt_len))
 
     def key_padding_4d(self, tgt_len: int) -> Tensor:
         """``(batch, 1, 1, length)`` bool, True at pads (the explicit kernel's mask; a view). On a causal side
@@ -305,7 +351,8 @@ class PositionContext:
 
     def relative_distances(self, tgt_len: int, src_len: int) -> Tensor:
         """``(tgt_len, src_len)`` long ``i - j`` of the last ``tgt_len`` queries and first keys."""
-        return self.distances[src_len - tgt_len : src_len, :src_len]
+        distances = self.prepared(IndexDifferences()) if self.distances is None else self.distances
+        return distances[src_len - tgt_len : src_len, :src_len]
 
     def query_padding_mask(self, tgt_len: int) -> Tensor:
         """``(batch, tgt_len)`` bool, True at padded query rows."""

@@ -6,13 +6,21 @@ terms of each of its layers. Front-ends read them from their own configurations 
 ``--{side}-*`` options); Python code builds them with :func:`position_options` (keyword arguments: the
 command-line options' names without the side, their values and defaults; docs/methods.md lists them).
 
+Options given from Python get the types and values the command line enforces (:func:`checked_value`, from each
+option's default and choices), and :func:`describe_options` lists them where docs/methods.md is not at hand.
+
 Nothing here names a method: :meth:`SidePositionOptions.build_terms` iterates over the registered methods.
 """
 
+import difflib
+import numbers
+import re
+import textwrap
 from typing import Any, Dict, List, Optional, Tuple
 
 from posattn import position_terms  # noqa: F401  (registers every method)
 from posattn.attention import KERNEL_CHOICES, PositionTerms, flex_attention
+from posattn.errors import ArgumentError, MisuseError
 from posattn.kernel_self_check import SELF_CHECK_CHOICES
 from posattn.position_terms.base import SequenceTooLongError
 from posattn.position_terms.registry import (
@@ -20,6 +28,7 @@ from posattn.position_terms.registry import (
     LayerSpec,
     MethodOption,
     PositionMethod,
+    REGISTRY,
     PositionOptionError,
     method_of,
     methods_of,
@@ -27,8 +36,22 @@ from posattn.position_terms.registry import (
 )
 from posattn.position_terms.side_inputs import BatchSideData, InputPositionEmbedding
 
-__all__ = ["PositionOptionError", "SidePositionOptions", "position_options", "side_defaults", "side_options",
-           "KERNEL_OPTIONS"]
+__all__ = ["OptionTypeError", "PositionOptionError", "SidePositionOptions", "describe_options", "position_options",
+           "side_defaults", "side_options", "KERNEL_OPTIONS", "TOO_LONG_IN_PYTORCH"]
+
+#: whether a side's layers are causal (:func:`position_options` picks the side from ``causal``)
+CAUSALITY = {"encoder": "bidirectional", "decoder": "causal"}
+
+#: the remedy that :meth:`SidePositionOptions.check_length` gives by default, in plain PyTorch (a front-end gives
+#: its own: the fairseq plugin's names its options); formatted with ``option`` (the option that sets t),
+#: ``length`` (the sequence's) and ``limit`` (t)
+TOO_LONG_IN_PYTORCH = ("build the layers with a larger {option} (at least {length}), or crop the input to at most "
+                       "{limit} tokens")
+
+
+class OptionTypeError(PositionOptionError, TypeError):
+    """An option the side does not take, or a value of another type than the command line's (a flag given
+    ``"False"``, an integer option ``2.5``)."""
 
 #: the options of the side itself (its kernel, its checkpoints), not of a method
 KERNEL_OPTIONS = (
@@ -69,15 +92,19 @@ class SidePositionOptions:
 
     def __init__(self, side: str, causal: bool, max_positions: int, max_positions_option: str, **values: Any):
         if side not in SIDES:
-            raise ValueError(f"side must be one of {SIDES}, got {side!r}")
-        defaults = side_defaults(side)
-        unknown = set(values) - set(defaults)
-        if unknown:
-            raise TypeError(f"no {side} position option {sorted(unknown)}; known: {sorted(defaults)}")
+            raise ArgumentError(f"side must be one of {list(SIDES)}, got {side!r}")
         self.side, self.causal = side, causal
         self.max_positions, self.max_positions_option = max_positions, max_positions_option
-        self.values = dict(defaults, **values)
+        options = {option.name: option for option in side_options(side)}
+        unknown = sorted(set(values) - set(options))
+        if unknown:
+            raise OptionTypeError(unknown_option(side, unknown[0]))
+        self.values = {name: option.default for name, option in options.items()}
+        self.values.update((name, checked_value(options[name], value, self.flag(name)))
+                           for name, value in values.items())
         self.shared: Dict[str, Any] = {}
+        #: the sizes ``(heads, head_dim)`` and indices of the layers built by :meth:`build_layer` (a model's layers)
+        self._layers: Dict[int, Tuple[int, int]] = {}
         #: the methods these (fixed) values switch on, and whether a term keeps parameters per position
         self._methods = tuple(method for method in methods_of(side) if method.is_on(self))
         self._needs_max_positions = any(method.needs_max_positions(self) for method in self._methods)
@@ -110,15 +137,12 @@ class SidePositionOptions:
 
     def validate(self) -> None:
         """Fail at start-up, naming the option to change, for impossible values or combinations."""
-        if self.attention_kernel not in KERNEL_CHOICES:
-            raise PositionOptionError(f"{self.flag('attention_kernel')} must be one of {list(KERNEL_CHOICES)}, "
-                                      f"got {self.attention_kernel!r}")
+        for option in side_options(self.side):
+            value = self.values[option.name]
+            if option.choices and value not in option.choices:
+                raise PositionOptionError(
+                    f"{self.flag(option.name)} must be one of {list(option.choices)}, got {value!r}")
         for method in methods_of(self.side):
-            for option in method.options:
-                value = self.values[option.name]
-                if option.choices and value not in option.choices:
-                    raise PositionOptionError(
-                        f"{self.flag(option.name)} must be one of {list(option.choices)}, got {value!r}")
             method.validate(self)
         if self.needs_max_positions() and self.max_positions < 1:
             raise PositionOptionError(f"{self.max_positions_option} must be positive, got {self.max_positions}")
@@ -132,13 +156,14 @@ class SidePositionOptions:
         """True when some term keeps parameters per position up to t."""
         return self._needs_max_positions
 
-    def check_length(self, length: int) -> None:
-        """Refuse a batch longer than t, naming the option to raise (once per batch, by the side)."""
+    def check_length(self, length: int, remedy: str = TOO_LONG_IN_PYTORCH) -> None:
+        """Refuse a batch longer than t, naming the option to raise (once per batch, by the side); ``remedy`` is
+        the front-end's advice (:data:`TOO_LONG_IN_PYTORCH`: plain PyTorch's), with the fields named there."""
         if self.needs_max_positions() and length > self.max_positions:
+            advice = remedy.format(option=self.max_positions_option, length=length, limit=self.max_positions)
             raise SequenceTooLongError(
                 f"a sequence of {length} tokens is longer than the {self.max_positions} positions of the "
-                f"{self.side}'s position terms; retrain with a larger {self.max_positions_option} (at "
-                f"least {length}) or drop longer inputs (fairseq's --skip-invalid-size-inputs-valid-test)")
+                f"{self.side}'s position terms; {advice}")
 
     def side_data(self) -> List[Tuple[str, BatchSideData]]:
         """The data that the methods on read from every batch beside its tokens, each with the option that
@@ -180,10 +205,28 @@ class SidePositionOptions:
 
     def build_layer(self, layer_index: int, num_heads: int, head_dim: int) -> Tuple[PositionTerms, Dict[str, Any]]:
         """:meth:`build_terms`, and the side-wide modules (:attr:`shared`) that this layer's terms made, by name:
-        the first layer to read one makes it, and a model registers it there, once."""
+        the first layer to read one makes it, and a model registers it there, once. With side-wide modules, the
+        options belong to one model of one layer size: a layer index built twice (a second model) or a layer of
+        other sizes is refused (it would read modules that another model registers, or of other sizes)."""
+        self._check_layer(layer_index, num_heads, head_dim)
         before = set(self.shared)
         terms = self.build_terms(layer_index, num_heads, head_dim)
         return terms, {name: module for name, module in self.shared.items() if name not in before}
+
+    def _check_layer(self, layer_index: int, num_heads: int, head_dim: int) -> None:
+        """:meth:`build_layer`'s refusals (its docstring), before anything is built."""
+        first = next(iter(self._layers.values()), (num_heads, head_dim))
+        if self.shared and layer_index in self._layers:
+            raise MisuseError(
+                f"these {self.side} options already built layer {layer_index}, whose model registers their "
+                f"side-wide modules ({', '.join(sorted(self.shared))}): a model's layers share one "
+                "position_options(...), each index once; build another for another model")
+        if self.shared and (num_heads, head_dim) != first:
+            raise MisuseError(
+                f"these {self.side} options' side-wide modules ({', '.join(sorted(self.shared))}) were built for "
+                f"layers of {first[0]} heads of size {first[1]}, not {num_heads} of size {head_dim}: layers of "
+                "other sizes need their own position_options(...)")
+        self._layers[layer_index] = (num_heads, head_dim)
 
     def _check_flex(self, terms: PositionTerms) -> None:
         """``--{side}-attention-kernel flex`` needs flex_attention and terms with pointwise forms."""
@@ -207,27 +250,141 @@ class SidePositionOptions:
                 f"{'them' if len(asking) > 1 else 'it'} (a value term: add {' / '.join(keys_only)})")
 
 
-def position_options(causal: bool, max_positions: int = 1024, **values: Any) -> SidePositionOptions:
+#: t when a layer or side is built without ``max_positions``
+DEFAULT_MAX_POSITIONS = 1024
+
+
+def position_options(causal: bool, max_positions: int = DEFAULT_MAX_POSITIONS, **values: Any) -> SidePositionOptions:
     """The validated options of a side built from Python: ``causal`` picks the side (a decoder's, else an
     encoder's); ``max_positions`` is t, the longest sequence the terms that keep parameters per position take;
     ``values`` are the side's options by the command-line name without the side, ``-`` written ``_``
-    (``attention_kernel="explicit"``; every method's are in docs/methods.md), the others at their defaults.
-    A value or combination that the command line refuses is refused with the same message."""
+    (``attention_kernel="explicit"``), the others at their defaults: :func:`describe_options` lists every
+    option of a side with its values, default and meaning (docs/methods.md has the equations).
+
+    Each value has the command line's type (a flag True or False, an integer option an int, a choice one of its
+    strings), and a value or combination that the command line refuses is refused with the same message
+    (:class:`PositionOptionError`; a name the side does not take or a value of another type:
+    :class:`OptionTypeError`). One object is shared by a model's layers (``options=``), which then share its
+    side-wide modules (docs/pytorch.md)."""
+    check_flag("causal", causal)
+    check_count("max_positions", max_positions)
     side = "decoder" if causal else "encoder"
     options = SidePositionOptions(side, causal, max_positions, "max_positions", **values)
     options.validate()
     return options
 
 
-def layer_options(options: Optional[SidePositionOptions], causal: bool, max_positions: int,
+def layer_options(options: Optional[SidePositionOptions], causal: bool, max_positions: Optional[int],
                   method_options: Dict[str, Any]) -> SidePositionOptions:
-    """A layer's options: ``options`` (a model's, shared by its layers; built for ``causal``), or those of
-    ``method_options`` (:func:`position_options`)."""
+    """A layer's options: ``options`` (a model's, shared by its layers; built for ``causal`` and, where given,
+    ``max_positions``), or those of ``method_options`` (:func:`position_options`)."""
+    check_flag("causal", causal)
     if options is None:
-        return position_options(causal, max_positions, **method_options)
+        return position_options(causal, DEFAULT_MAX_POSITIONS if max_positions is None else max_positions,
+                                **method_options)
+    if not isinstance(options, SidePositionOptions):
+        raise ArgumentError(f"options must be the SidePositionOptions of posattn.position_options(...), got a "
+                            f"{type(options).__name__}; give a method's options as keywords instead")
     if method_options:
-        raise TypeError(f"give the method's options either in options or as keywords, not both: "
-                        f"{sorted(method_options)}")
+        raise MisuseError(f"options= and the method's keywords {sorted(method_options)} were both given: give the "
+                          "method's options in position_options(...) (shared by a model's layers) or as keywords, "
+                          "not both")
     if options.causal != causal:
-        raise ValueError(f"options built for causal={options.causal}, the layer asked for causal={causal}")
+        raise MisuseError(
+            f"options built for a {CAUSALITY[options.side]} side (position_options(causal={options.causal})) given to "
+            f"a layer built with causal={causal}: build the layer with causal={options.causal}, or the options with "
+            f"position_options(causal={causal}, ...)")
+    if max_positions is not None and max_positions != options.max_positions:
+        raise MisuseError(f"max_positions={max_positions} given with options built for max_positions="
+                          f"{options.max_positions}: t is the options' (position_options(causal, max_positions, "
+                          "...)); leave max_positions out")
     return options
+
+
+def check_flag(name: str, value: Any) -> None:
+    """Refuse a ``name`` argument that is not True or False (a truthy string would pass for True)."""
+    if not isinstance(value, bool):
+        raise ArgumentError(f"{name} must be True or False, got {value!r} ({type(value).__name__})")
+
+
+def check_count(name: str, value: Any) -> None:
+    """Refuse a ``name`` argument that is not a positive integer (a size)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise ArgumentError(f"{name} must be a positive integer, got {value!r}")
+
+
+def checked_value(option: MethodOption, value: Any, flag: str) -> Any:
+    """``value`` of ``option`` with the type the command line gives it (its default's: a flag's bool, an int, a
+    float; a choice's string), or a one-line :class:`OptionTypeError` naming it and ``flag``. Its value (a
+    choice, a range) is the side's :meth:`~SidePositionOptions.validate`'s."""
+    kind = type(option.default)
+    if kind is bool:
+        if isinstance(value, bool):
+            return value
+        expected = "True or False"
+    elif kind is int:
+        if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+            return int(value)
+        expected = "an integer"
+    elif kind is float:
+        if isinstance(value, numbers.Real) and not isinstance(value, bool):
+            return float(value)
+        expected = "a number"
+    elif isinstance(value, kind):
+        return value
+    else:
+        expected = f"one of {list(option.choices)}" if option.choices else f"a {kind.__name__}"
+    raise OptionTypeError(f"{option.name}={value!r}: the option {option.name} ({flag}) takes {expected}, not a "
+                          f"{type(value).__name__}")
+
+
+def unknown_option(side: str, name: str) -> str:
+    """The refusal of ``name``, which ``side`` does not take: an option of the other side's methods only, or of
+    none (with the nearest names)."""
+    taking = [method for method in REGISTRY.values() if name in {option.name for option in method.options}]
+    if taking:
+        method = taking[0]
+        sides = " and ".join(f"{CAUSALITY[taker]} ({taker})" for taker in method.sides)
+        only = f"{CAUSALITY[method.sides[0]]}-only" if len(method.sides) == 1 else f"for {sides} sides"
+        causal = side == "encoder"
+        return (f"{name}: {method.name} ({method.citation}) is {only}, and a {CAUSALITY[side]} ({side}) side "
+                f"takes no {name}: build the layer with causal={causal}, or leave {name} out")
+    close = difflib.get_close_matches(name, side_defaults(side), n=3)
+    nearest = f" (nearest: {', '.join(close)})" if close else ""
+    return (f"no {side} position option {name!r}{nearest}; posattn.describe_options({side!r}) lists every option "
+            "of the side")
+
+
+def describe_options(side: Optional[str] = None) -> str:
+    """Every position option of ``side`` (``"encoder"``: bidirectional layers, ``"decoder"``: causal ones; None:
+    both) as a text table, from the registry: each method with its paper, then each option's keyword, values,
+    default and meaning; what docs/methods.md's table says, where it is not installed.
+    ``print(posattn.describe_options("decoder"))``."""
+    if side not in (None, *SIDES):
+        raise ArgumentError(f"side must be one of {list(SIDES)} or None (both), got {side!r}")
+    blocks = []
+    for shown in SIDES if side is None else (side,):
+        lines = [f"{shown} options (causal={shown == 'decoder'}): the keywords of position_options, SelfAttention "
+                 "and position_method; t is max_positions"]
+        groups = [("the side's kernel", "", KERNEL_OPTIONS)]
+        groups += [(method.name, method.citation, method.options) for method in methods_of(shown)]
+        for name, citation, options in groups:
+            lines.append(f"  {name}" + (f" ({citation})" if citation else ""))
+            lines += [line for option in options for line in _described(option, shown)]
+        blocks.append("\n".join(lines))
+    return "\n\n".join(blocks)
+
+
+def _described(option: MethodOption, side: str) -> List[str]:
+    """:func:`describe_options`' lines of ``option``: its keyword, values and default; its meaning in Python's
+    words (the keywords instead of the command-line flags)."""
+    if option.choices:
+        values = " | ".join(repr(choice) for choice in option.choices)
+    elif isinstance(option.default, bool):
+        values = "True | False"
+    else:
+        values = type(option.default).__name__
+    meaning = option.help.format(side=side, what=f"{side} ({CAUSALITY[side]}) self-attention", t="max_positions")
+    meaning = re.sub(rf"--{side}-([a-z0-9-]+)", lambda found: found.group(1).replace("-", "_"), meaning)
+    return [f"    {option.name}: {values}, default {option.default!r}",
+            textwrap.fill(meaning, width=110, initial_indent=" " * 8, subsequent_indent=" " * 8)]

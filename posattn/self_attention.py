@@ -20,9 +20,11 @@ from torch import Tensor, nn
 
 from posattn.attention import PositionKernel
 from posattn.decoding import DecodingCache
+from posattn.errors import ArgumentError, described
 from posattn.functional import position_attention
 from posattn.position_context import PositionContext
-from posattn.position_options import SidePositionOptions, layer_options
+from posattn.position_method import check_sizes
+from posattn.position_options import SidePositionOptions, check_flag, layer_options
 
 
 class SelfAttention(PositionKernel):
@@ -37,16 +39,22 @@ class SelfAttention(PositionKernel):
         options: the side's options, shared by the model's layers (:func:`position_options`); None: built from
             ``causal``, ``max_positions`` and ``method_options``.
         layer_index: the layer's 0-based index (methods that skip layers or number them read it).
-        max_positions: t, the longest sequence that terms keeping parameters per position take.
-        method_options: the method's options by their command-line names without the side (docs/methods.md), with
-            ``options`` None.
+        max_positions: t, the longest sequence that terms keeping parameters per position take (None: 1024, or
+            the ``options``' own).
+        method_options: the method's options by their command-line names without the side
+            (:func:`~posattn.position_options.describe_options` lists them), with ``options`` None.
+
+    Arguments of other types or values, and options of another side, are refused in one line (docs/pytorch.md).
     """
 
     def __init__(self, embed_dim: int, num_heads: int, *, causal: bool = False, dropout: float = 0.0,
                  bias: bool = True, options: Optional[SidePositionOptions] = None, layer_index: int = 0,
-                 max_positions: int = 1024, **method_options: Any):
+                 max_positions: Optional[int] = None, **method_options: Any):
+        check_sizes(num_heads, dropout, layer_index, embed_dim=embed_dim)
         if embed_dim % num_heads:
-            raise ValueError(f"embed_dim ({embed_dim}) must be a multiple of num_heads ({num_heads})")
+            raise ArgumentError(f"embed_dim ({embed_dim}) must be a multiple of num_heads ({num_heads}): each head "
+                                "takes embed_dim // num_heads dimensions")
+        check_flag("bias", bias)
         options = layer_options(options, causal, max_positions, method_options)
         head_dim = embed_dim // num_heads
         terms, made = options.build_layer(layer_index, num_heads, head_dim)
@@ -76,8 +84,10 @@ class SelfAttention(PositionKernel):
 
         Returns ``(batch, length, embed_dim)``, with ``need_weights`` also the weights ``(batch, heads, length,
         keys)``."""
+        self._check_input(x)
         batch, length, _ = x.shape
-        self.options.check_length((0 if cache is None else cache.length) + length)
+        self.options.check_length((0 if cache is None or not isinstance(cache, DecodingCache) else cache.length)
+                                  + length)
         q_w, k_w, v_w = self.scale_projections(self.q_proj.weight, self.k_proj.weight, self.v_proj.weight)
 
         def heads(weight: Tensor, projection: nn.Linear) -> Tensor:
@@ -91,3 +101,14 @@ class SelfAttention(PositionKernel):
         out, weights = result if need_weights else (result, None)
         out = self.out_proj(out.transpose(1, 2).reshape(batch, length, self.embed_dim))
         return (out, weights) if need_weights else out
+
+    def _check_input(self, x: Tensor) -> None:
+        """Refuse an ``x`` that is not ``(batch, length, embed_dim)`` in the layer's dtype and on its device."""
+        weight = self.q_proj.weight
+        if not isinstance(x, Tensor) or x.dim() != 3 or x.size(-1) != self.embed_dim:
+            raise ArgumentError(f"{self.where}: x must be (batch, length, {self.embed_dim}) (batch, length, "
+                                f"embed_dim), got {described(x)}; one sequence is x[None]")
+        if x.dtype != weight.dtype or x.device != weight.device:
+            raise ArgumentError(f"{self.where}: x is {x.dtype} on {x.device}, the layer's weights {weight.dtype} on "
+                                f"{weight.device}: move one to the other (layer.to(x) or x.to(...)); under autocast "
+                                "give x in the weights' dtype")

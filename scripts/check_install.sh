@@ -5,6 +5,9 @@
 # installed plugin must train, translate and parse from outside the repository.
 #
 #     bash scripts/check_install.sh [WORKDIR]      (make check-install; about 5 minutes on 2 cores)
+#
+# FAIRSEQ_WHEELS=DIR: a folder that holds fairseq-fixed's wheel for this Python as scripts/fairseq_wheel.sh builds
+# it (make install leaves it in .venv/wheels), installed instead of building it again (tests/test_check_install.py).
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -21,8 +24,13 @@ rm -rf "$ENV"
 PIP=("$ENV/bin/python" -m pip --disable-pip-version-check -q)
 "${PIP[@]}" install -r "$REPO/requirements/build.txt"
 # fairseq built as `make install` builds it (how the user's fairseq was built is not what this checks)
-bash "$REPO/scripts/fairseq_wheel.sh" "$ENV/bin/python" "$WORK/fairseq-wheel"
-"${PIP[@]}" install --no-deps "$WORK"/fairseq-wheel/fairseq_fixed-*.whl
+TAG="$("$ENV/bin/python" -c 'import sys; print("cp%d%d" % sys.version_info[:2])')"
+WHEEL="$(ls "${FAIRSEQ_WHEELS:-/nonexistent}"/fairseq_fixed-*-"$TAG"-*.whl 2> /dev/null | head -n 1 || true)"
+if [[ -z "$WHEEL" ]]; then
+    bash "$REPO/scripts/fairseq_wheel.sh" "$ENV/bin/python" "$WORK/fairseq-wheel"
+    WHEEL="$(ls "$WORK"/fairseq-wheel/fairseq_fixed-*.whl)"
+fi
+"${PIP[@]}" install --no-deps "$WHEEL"
 "${PIP[@]}" install hydra-core==1.3.2 omegaconf==2.3.0 bitarray regex cffi scikit-learn packaging \
     sacrebleu tqdm
 "$ENV/bin/python" -m pip list --format=freeze | sort > "$WORK/before.txt"  # name==version, a wheel file's too
@@ -82,7 +90,8 @@ fairseq-train data-bin --user-dir "$USER_DIR" --task translation_structural --ar
     --optimizer adam --lr 1e-3 --max-tokens 1024 --max-update 20 --cpu --save-dir ckpt \
     --no-epoch-checkpoints > train.log 2>&1 || { tail -n 30 train.log >&2; exit 1; }
 fairseq-generate data-bin --user-dir "$USER_DIR" --task translation_structural --path ckpt/checkpoint_last.pt \
-    --gen-subset test --beam 2 --remove-bpe --required-batch-size-multiple 1 --cpu > generate.txt 2> generate.log
+    --gen-subset test --beam 2 --max-len-a 1.5 --max-len-b 10 --remove-bpe --required-batch-size-multiple 1 --cpu \
+    > generate.txt 2> generate.log
 posattn-score generate.txt --ref raw/test.de --target-lang de
 
 step "6/6 the test extra's tools"

@@ -2,12 +2,10 @@
 data preparation that is not what a test checks, the same tools' work in the pytest process (each console run
 spends seconds importing torch and fairseq)."""
 
-import json
 import os
 import subprocess
 import sys
-from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence, Union
+from typing import Callable, Dict, List, Optional, Sequence, Union
 
 import pytest
 from fairseq import options
@@ -19,6 +17,7 @@ from fairseq_posattn.data.sentence_classification import split_corpus
 from fairseq_posattn.data.text_pipeline import prepare_translation_corpus
 from fairseq_posattn.structure.parse_pipeline import parse_corpus
 from model_helpers import REPO
+from program_helpers import run_python  # noqa: F401 (the tests import it from here too)
 
 SAMPLE = os.path.join(REPO, "data", "multi30k_sample")
 BIN = os.path.dirname(sys.executable)
@@ -32,20 +31,6 @@ def run(tool: str, args: List[str], **kwargs) -> subprocess.CompletedProcess:
                             cwd=kwargs.pop("cwd", REPO), **kwargs)
     assert result.returncode == 0, f"{tool} failed:\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}"
     return result
-
-
-def run_python(script: str, folder: Path, cwd: Union[str, Path] = REPO, threads: Optional[int] = None,
-               **inputs: Any) -> Dict[str, Any]:
-    """Run ``script`` in a fresh Python process (a user's own program): it reads ``INPUTS`` (``inputs``) and
-    fills ``OUTPUTS``, both JSON, through files in ``folder``; ``threads``: its OMP_NUM_THREADS."""
-    paths = folder / "inputs.json", folder / "outputs.json"
-    paths[0].write_text(json.dumps(inputs), encoding="utf-8")
-    program = (f"import json, os, sys\nINPUTS = json.load(open({str(paths[0])!r}))\nOUTPUTS = {{}}\n{script}\n"
-               f"json.dump(OUTPUTS, open({str(paths[1])!r}, 'w'))\n")
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads)} if threads else None
-    result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, cwd=str(cwd), env=env)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
-    return json.loads(paths[1].read_text(encoding="utf-8"))
 
 
 def run_failing(tool: str, args: List[str], **kwargs) -> subprocess.CompletedProcess:

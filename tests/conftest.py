@@ -4,6 +4,7 @@ import pytest
 import torch
 
 import fairseq_posattn  # noqa: F401  (registers the architectures, applies the shims)
+from xdist_order import pytest_xdist_make_scheduler  # noqa: F401  (make test: the longest test files first)
 
 if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):  # `make test`: the cores shared among the workers
     _threads = max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))

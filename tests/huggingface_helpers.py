@@ -12,6 +12,7 @@ import torch
 import transformers
 
 import posattn_huggingface as hf
+from posattn.position_terms.registry import methods_of
 
 VOCAB = 100
 #: the methods checked on every model type that takes them (position_options' names)
@@ -34,6 +35,10 @@ STATEFUL_METHODS: Dict[str, Dict[str, Any]] = {
 #: again at their positions) and the stateful ones
 DECODING_METHODS = {name: METHODS[name] for name in ("alibi", "t5-bias")} | {"rotary": {"rotary": True},
                                                                               "xpos": {"xpos": True}} | STATEFUL_METHODS
+#: every registered method a causal model takes (the registry's), by name: the options of its first variant; and
+#: "none", the switch without a method
+CAUSAL_METHODS: Dict[str, Dict[str, Any]] = {"none": {}} | {
+    method.name: dict(next(iter(method.variants.values()))) for method in methods_of("decoder")}
 
 
 def llama(**config: Any) -> Any:

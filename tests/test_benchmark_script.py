@@ -1,7 +1,7 @@
 """scripts/posattn_benchmark runs end to end at tiny sizes: every kind of group (translation with
-structural side data and beam search, language model, the Hugging Face Llama), the target check and the section
-of docs/benchmark.md it regenerates (`--readme`). Nothing here asserts a timing: the numbers come from `make
-benchmark` (and docs/benchmark.md's Hugging Face section)."""
+structural side data and beam search, language model, plain PyTorch, the Hugging Face Llama), the target check
+and the sections of docs/benchmark.md it regenerates (`--readme`, `--readme-section`). Nothing here asserts a
+timing: the numbers come from `make benchmark` (and docs/benchmark.md's Hugging Face section)."""
 
 import importlib.util
 import os
@@ -11,13 +11,14 @@ import sys
 import pytest
 
 from posattn.position_terms.catalogue import variant_flags
-from posattn.position_terms.registry import REGISTRY
+from posattn.position_terms.registry import REGISTRY, methods_of
 from posattn_benchmark.cli import parse_cli  # scripts/ is on pytest's pythonpath (pyproject.toml)
 from posattn_benchmark.groups import build_groups
+from posattn_benchmark.readme import markers, replace_section, section_error
 from posattn_benchmark.report import huggingface_lines, target_lines
 from posattn_benchmark.variants import (
-    DECODER_SPEED, HUGGINGFACE_OPTIONS, HUGGINGFACE_SPEED, LLAMA_ARCH, POSATTN_LM_ARCH, TARGETS, TARGETS_BY_KIND,
-    VARIANT_TARGETS, VARIANTS_BY_NAME, Target,
+    DECODER_SPEED, HUGGINGFACE_OPTIONS, HUGGINGFACE_SPEED, LLAMA_ARCH, NO_METHOD_TARGET, POSATTN_LM_ARCH, PYTORCH,
+    PYTORCH_OPTIONS, TARGETS, TARGETS_BY_KIND, VARIANT_TARGETS, VARIANTS_BY_NAME, Target,
 )
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -34,9 +35,10 @@ def test_report_of_every_group_kind_replaces_the_readme_section(tmp_path):
     readme = tmp_path / "page.md"
     readme.write_text(f"# Project\n\n## Benchmark\n\nprose\n\n{START}\nold table\n{END}\n\n## Next\n")
     output = tmp_path / "benchmark.md"
-    command = [sys.executable, SCRIPT, *TINY, "--variants", "struct-rel", "lm-conv-1d", "hf-t5-bias",
+    command = [sys.executable, SCRIPT, *TINY, "--variants", "struct-rel", "lm-conv-1d", "hf-t5-bias", "pt-no-method", "pt-alibi",
                "--decode-variants", "struct-rel", "lm-conv-1d", "hf-t5-bias", "--lm", "--huggingface",
-               "--hf-layers", "1", "--skip-prepare", "--output", str(output), "--readme", str(readme)]
+               "--hf-layers", "1", "--pytorch", "--pytorch-lengths", "16", "--pytorch-tokens", "32", "--skip-prepare",
+               "--output", str(output), "--readme", str(readme)]
     completed = subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=600)
     assert completed.returncode == 0, completed.stderr[-3000:]
     report = output.read_text()
@@ -51,9 +53,15 @@ def test_report_of_every_group_kind_replaces_the_readme_section(tmp_path):
     train_table = report.split("**Train step**")[1].split("**Decoding**")[0]
     rows = [row for row in train_table.splitlines()
             if row.startswith("| ") and "**" not in row and not row.startswith("| variant")]
-    assert len(rows) == 6 and all(row.count("|") == 8 for row in rows), rows  # 3 groups of 2 models
+    # 3 fairseq groups of 2 models; the plain-PyTorch group (the reference, no method, ALiBi)
+    assert len(rows) == 9 and all(row.count("|") == 8 for row in rows), rows
     assert rows[0].startswith("| Transformer (fairseq)") and rows[0].endswith("| 1.00 |  |")
     assert rows[1].startswith("| Structural rel") and "| <= 1.10 / <= 1.10: " in rows[1]  # the target
+    assert "| **plain PyTorch, blocks of 16** |" in train_table
+    assert rows[6].startswith("| SDPA module (hand-written, is_causal=True) | `SDPA module` |")
+    assert rows[7].startswith("| posattn.SelfAttention, no method | `posattn.SelfAttention` |") and \
+        "| <= 1.05 / <= 1.05: " in rows[7]
+    assert rows[8].startswith("| ALiBi | `alibi=True` |") and "| <= 1.05 / <= 1.05: " in rows[8]
     decode_table = report.split("**Decoding**")[1].split("**Targets**")[0]
     # the language model decodes (incrementally, with its terms) by beam search in its sentences group only,
     # and greedily step by step from BOS in a group of its own, whose bound for a convolution is 0.75
@@ -131,3 +139,33 @@ def test_every_registered_variant_is_benchmarked_with_its_methods_target():
             assert hf_row.arch == LLAMA_ARCH and HUGGINGFACE_OPTIONS[hf_row.name] == values
             assert TARGETS[hf_row.name] == Target(time=target.time, speed=HUGGINGFACE_SPEED), hf_row.name
     assert parse_cli(["--variants", *VARIANTS_BY_NAME, "--cpu"]).variants == list(VARIANTS_BY_NAME)
+
+
+def test_the_plain_pytorch_group_has_every_causal_method_and_its_own_readme_section(tmp_path):
+    """Every variant of every method a causal layer takes gets a plain-PyTorch row with its kind's time and memory
+    bounds, the layer without a method SDPA's own (1.05); the groups past --pytorch-methods-up-to measure the
+    layer without a method alone; --readme-section pytorch rewrites its own section and nothing else."""
+    for method in methods_of("decoder"):
+        for name, values in method.variants.items():
+            row = VARIANTS_BY_NAME[f"pt-{name}"]
+            target = VARIANT_TARGETS.get(name, TARGETS_BY_KIND[method.benchmark_target])
+            assert row.task == PYTORCH and PYTORCH_OPTIONS[row.name] == values
+            assert TARGETS[row.name] == Target(time=target.time, memory=target.memory), row.name
+    assert TARGETS["pt-no-method"] == NO_METHOD_TARGET == Target(time=1.05, memory=1.05)
+    groups = build_groups(parse_cli(["--skip-short", "--pytorch", "--cpu"]))
+    assert [(group.title, group.shape.max_tokens // group.max_positions) for group in groups] == [
+        ("plain PyTorch, blocks of 512", 16), ("plain PyTorch, blocks of 2048", 4),
+        ("plain PyTorch, blocks of 8192, no method", 1)]
+    every = list(VARIANTS_BY_NAME.values())
+    assert [v.name for v in groups[2].applicable(every)] == ["pt-no-method"]
+    assert len(groups[0].applicable(every)) == len(PYTORCH_OPTIONS)
+
+    page = tmp_path / "page.md"
+    start, end = markers("pytorch")
+    page.write_text(f"{START}\nall groups\n{END}\n\n{start}\nold\n{end}\n")
+    assert section_error(page) is None and section_error(page, "pytorch") is None
+    assert section_error(page, "other").startswith(f"{page}: needs exactly one line '<!-- benchmark other: ")
+    replace_section(page, "# title\n\n| new |\n", "pytorch")
+    assert page.read_text().startswith(f"{START}\nall groups\n{END}\n\n{start}\n- Run: ended ")
+    assert page.read_text().endswith("\n| new |\n" + end + "\n") and "old" not in page.read_text()
+

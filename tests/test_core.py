@@ -179,7 +179,7 @@ def test_a_combination_the_command_line_refuses_is_refused_with_its_message():
     with pytest.raises(posattn.PositionOptionError) as refused:
         posattn.position_options(True, direct_position_init="zero")
     assert str(refused.value).startswith("--decoder-direct-position-init zero has no effect without")
-    with pytest.raises(TypeError, match="no encoder position option"):
+    with pytest.raises(TypeError, match="is causal-only"):
         posattn.position_options(False, forget_gate=True)
 
 

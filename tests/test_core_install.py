@@ -1,9 +1,10 @@
 """The library where torch alone is installed, as a researcher with their own PyTorch gets it: a fresh virtualenv
 with torch, then ``pip install`` of a clean copy of the working tree without an extra installs that one
 distribution and compiles nothing; the installed ``posattn`` runs the README's example and the library's tests
-(``tests/test_core.py``, without the suite's conftest, which imports the fairseq front-end), and the fairseq
-front-end says in one line what it needs. Then ``pip install ".[hf]"`` in the same environment (no fairseq) runs
-the README's Hugging Face example."""
+(``tests/test_core.py`` and ``tests/test_core_misuse.py``, without the suite's conftest, which imports the fairseq
+front-end), and the fairseq front-end says in one line what it needs, on import and from one of the ``posattn-*``
+commands the install put there. Then ``pip install ".[hf]"`` in the same environment (no fairseq) runs the README's
+Hugging Face example."""
 
 import re
 import shutil
@@ -76,10 +77,16 @@ def test_pip_install_beside_torch_alone_adds_one_distribution_and_runs_the_readm
     plugin = subprocess.run([str(python), "-P", "-c", "import fairseq_posattn"], cwd=tmp_path, capture_output=True,
                             text=True, timeout=300)
     assert plugin.returncode == 1 and "pip install 'fairseq-posattn[fairseq]'" in plugin.stderr
+    command = subprocess.run([str(env / "bin" / "posattn-score"), "--help"], cwd=tmp_path, capture_output=True,
+                             text=True, timeout=300)  # a console script the install put there: one line
+    assert command.returncode == 1 and command.stderr.count("\n") == 1, command.stderr[-3000:]
+    assert command.stderr.startswith("posattn-score: error: ") and 'pip install "fairseq-posattn[fairseq]"' in \
+        command.stderr, command.stderr
 
     subprocess.run([*pip, "install", "pytest==8.3.4"], check=True, timeout=900)  # the test tool, after the check
     tests = subprocess.run([str(python), "-P", "-m", "pytest", "--noconftest", "-p", "no:cacheprovider", "-q",
-                            "-rs", "tests/test_core.py"], cwd=REPO, capture_output=True, text=True, timeout=1200)
+                            "-rs", "tests/test_core.py", "tests/test_core_misuse.py"], cwd=REPO, capture_output=True,
+                           text=True, timeout=1200)
     assert tests.returncode == 0, tests.stdout[-4000:] + tests.stderr[-2000:]
     summary = tests.stdout.strip().splitlines()[-1]
     assert re.search(r"\d+ passed", summary) and "failed" not in summary, summary

@@ -8,7 +8,8 @@ cache equals it without and the full forward; a saved model loads with its metho
 
 import copy
 import json
-from typing import Dict
+from pathlib import Path
+from typing import Any, Dict, Iterator
 
 import pytest
 import torch
@@ -17,8 +18,23 @@ transformers = pytest.importorskip("transformers", reason="transformers is not i
 
 import posattn  # noqa: E402
 import posattn_huggingface as hf  # noqa: E402
-from huggingface_helpers import (DECODERS, DECODING_METHODS, METHODS, MODELS, STATEFUL_METHODS, VOCAB,  # noqa: E402
-                                 bert, built, output, switched)
+from program_helpers import run_python  # noqa: E402
+from huggingface_helpers import (CAUSAL_METHODS, DECODERS, DECODING_METHODS, METHODS, MODELS,  # noqa: E402
+                                 STATEFUL_METHODS, VOCAB, bert, built, output, switched)
+from posattn_huggingface.compatibility import cache_keyword  # noqa: E402
+
+#: the keyword of a model's forward that takes the cache (``past_key_values`` before transformers 5.24)
+CACHE = cache_keyword()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread() -> Iterator[None]:
+    """torch on one thread in this module's tests (models this small run several times faster so on shared cores),
+    as it was after them."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 def padded_batch(side: str, length: int = 8) -> Dict[str, torch.Tensor]:
@@ -161,6 +177,9 @@ def test_output_attentions_returns_the_weights_that_multiply_v(kind):
         rows = weights.sum(-1).transpose(1, 2)[real]
         torch.testing.assert_close(rows, torch.ones_like(rows), rtol=0, atol=1e-12)
         assert torch.all(weights.triu(diagonal=1) == 0)
+        generated = model.generate(batch["ids"], attention_mask=batch["mask"], max_new_tokens=2, do_sample=False,
+                                   pad_token_id=0, output_attentions=True, return_dict_in_generate=True)
+        assert [step[0].shape for step in generated.attentions] == [(3, 4, 8, 8), (3, 4, 1, 9)]
 
 
 def test_a_configuration_shared_by_two_models_switches_one():
@@ -214,37 +233,189 @@ def test_the_decoding_state_is_kept_in_the_cache_and_refused_where_it_cannot_be(
     model = switched("llama", conv_attention="2d")
     batch = padded_batch("left", length=6)
     cache = transformers.DynamicCache(config=model.config)
-    model(batch["ids"], attention_mask=batch["mask"], cache=cache, use_cache=True)
+    model(batch["ids"], attention_mask=batch["mask"], **{CACHE: cache}, use_cache=True)
     assert all(isinstance(layer, hf.DecodingStateLayer) and set(layer.state) == {"prev_attn_rows"}
                for layer in cache.layers)
     rows = cache.layers[0].state["prev_attn_rows"]
     cache.reorder_cache(torch.tensor([2, 0, 1]))
     assert torch.equal(cache.layers[0].state["prev_attn_rows"], rows[[2, 0, 1]])
-    with pytest.raises(hf.HuggingFaceRefusal, match="no assisted or speculative decoding"):
+    with pytest.raises(hf.HuggingFaceRefusal, match="no assisted, speculative or prompt-lookup decoding"):
         cache.crop(-1)
     filled = transformers.DynamicCache(config=model.config)
-    built("llama")(batch["ids"], attention_mask=batch["mask"], cache=filled, use_cache=True)
+    built("llama")(batch["ids"], attention_mask=batch["mask"], **{CACHE: filled}, use_cache=True)
     with pytest.raises(hf.HuggingFaceRefusal, match="cannot hold the position method's decoding state"):
-        model(batch["ids"][:, :1], attention_mask=torch.ones(3, 7, dtype=torch.long), cache=filled, use_cache=True)
+        model(batch["ids"][:, :1], attention_mask=torch.ones(3, 7, dtype=torch.long), **{CACHE: filled},
+              use_cache=True)
 
 
 def test_a_cut_cache_keeps_the_transformed_keys_and_continues_as_the_full_forward():
-    """Assisted decoding cuts the cache back (``crop``): a rotation's transformed keys, kept in the cache, are cut
-    with the keys, and the next step equals the full forward of the tokens kept."""
+    """Assisted decoding cuts the cache back (``crop``): a rotation's transformed keys, the cache's keys, are cut,
+    and the next step equals the full forward of the tokens kept."""
     model = switched("llama", rotary=True)
     batch = padded_batch("left", length=6)
     cache = transformers.DynamicCache(config=model.config)
-    model(batch["ids"], attention_mask=batch["mask"], cache=cache, use_cache=True)
+    model(batch["ids"], attention_mask=batch["mask"], **{CACHE: cache}, use_cache=True)
     cache.crop(-2)
-    assert cache.get_seq_length() == 4 and cache.layers[0].state["prev_key"].size(2) == 4
+    assert cache.get_seq_length() == 4 and cache.layers[0].values.size(2) == 4
     with torch.no_grad():
-        step = model(batch["ids"][:, 4:5], attention_mask=batch["mask"][:, :5], cache=cache, use_cache=True).logits
+        step = model(batch["ids"][:, 4:5], attention_mask=batch["mask"][:, :5], **{CACHE: cache}, use_cache=True).logits
     real = batch["mask"][:, 4].bool()
     full = output(model, batch["ids"][:, :5], batch["mask"][:, :5])[:, -1]
     torch.testing.assert_close(step[real, -1], full[real], rtol=0, atol=1e-12)
 
 
+def greedy_prompt(**generation: Any) -> Dict[str, Any]:
+    """``generate``'s arguments: the left-padded batch of 6 tokens, 5 new tokens, greedy; ``generation``: more."""
+    batch = padded_batch("left", length=6)
+    return {"input_ids": batch["ids"], "attention_mask": batch["mask"], "max_new_tokens": 5, "do_sample": False,
+            "pad_token_id": 0, **generation}
+
+
+def assert_same_generation(got: Any, expected: Any) -> None:
+    """The same tokens, and the same scores at each step (fp64; Llama's norm computes in fp32)."""
+    assert torch.equal(got.sequences, expected.sequences)
+    for step, (score, reference) in enumerate(zip(got.scores, expected.scores, strict=True)):
+        torch.testing.assert_close(score, reference, rtol=0, atol=1e-6, msg=f"step {step}")
+
+
+@pytest.mark.parametrize("method", CAUSAL_METHODS)
+def test_generation_with_a_static_cache_equals_the_dynamic_cache_or_is_refused_in_one_line(method):
+    """``cache_implementation="static"`` (eager here; compiled below): every method a causal model takes, from the
+    registry; refused, naming the term, where decoding continues from the last token's state (a post-softmax
+    transform, a token-difference term), which a static cache's fixed buffers do not hold."""
+    model = switched("llama", **CAUSAL_METHODS[method])
+    prompt = greedy_prompt(output_scores=True, return_dict_in_generate=True)
+    layer = model.model.layers[0].self_attn.position_method
+    if layer.post_softmax_term is not None or len(layer.token_difference_terms):
+        with pytest.raises(hf.HuggingFaceRefusal, match="which a static cache does not hold") as refused:
+            model.generate(**prompt, cache_implementation="static")
+        assert "\n" not in str(refused.value)
+        return
+    assert_same_generation(model.generate(**prompt, cache_implementation="static"), model.generate(**prompt))
+
+
+def test_a_static_cache_takes_one_token_prompts_and_beam_search():
+    """A one-token prompt's first step is already a decoding step over the buffers (the transformed keys' buffer
+    made there); beam search reorders the transformed keys with the cache's."""
+    model = switched("llama", rotary=True, t5_relative_bias=8, t5_max_distance=16)
+    ids = torch.tensor([[5], [7], [9]])
+    one_token = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "max_new_tokens": 4, "do_sample": False,
+                 "pad_token_id": 0, "output_scores": True, "return_dict_in_generate": True}
+    assert_same_generation(model.generate(**one_token, cache_implementation="static"), model.generate(**one_token))
+    beams = greedy_prompt(num_beams=3)
+    assert torch.equal(model.generate(**beams, cache_implementation="static"), model.generate(**beams))
+
+
+def test_generation_with_a_static_cache_compiled_equals_the_dynamic_cache():
+    """transformers' fast generation path: a StaticCache and the decoding step compiled by ``torch.compile``
+    (``compile_config``, on the CPU too), GPT-2 with the posattn rotation (transformed keys kept in the cache) and
+    the T5 bias (learned), as one graph (``fullgraph``; a backend that records the graphs and runs them as
+    captured: inductor's code generation is the GPU check's, docs/gpu_check.md). A second generation reuses it: no
+    step recompiles."""
+    graphs = []
+
+    def recording_backend(graph: torch.fx.GraphModule, example_inputs: Any) -> Any:
+        graphs.append(graph)
+        return graph.forward
+
+    model = switched("gpt2", rotary=True, t5_relative_bias=8, t5_max_distance=16)
+    compiled = transformers.CompileConfig(fullgraph=True, backend=recording_backend, mode=None)
+    compiled._compile_all_devices = True  # transformers compiles on accelerators only, unless told
+    prompt = greedy_prompt(output_scores=True, return_dict_in_generate=True, cache_implementation="static",
+                           compile_config=compiled)
+    expected = model.generate(**greedy_prompt(output_scores=True, return_dict_in_generate=True))
+    assert_same_generation(model.generate(**prompt), expected)
+    assert len(graphs) == 1
+    assert_same_generation(model.generate(**prompt), expected)
+    assert len(graphs) == 1
+
+
+@pytest.mark.parametrize("method", ["alibi", "rotary", "forget-gate", "conv-2d"])
+def test_assisted_and_prompt_lookup_decoding_equal_greedy_decoding(method):
+    """transformers 5.24's candidate decoding (one sequence): an assistant model (another switched Llama) and
+    prompt lookup (``prompt_lookup_num_tokens``) propose tokens, the model keeps those it would have generated and
+    cuts its cache back to them: the tokens of plain greedy decoding; a convolution, whose rows cannot be cut,
+    refused in one line."""
+    model, assistant = switched("llama", **DECODING_METHODS[method]), switched("llama", 1, **DECODING_METHODS[method])
+    assistant.generation_config.num_assistant_tokens = 3  # candidates per round (transformers' default: 20)
+    ids = torch.randint(1, VOCAB, (1, 8), generator=torch.Generator().manual_seed(4))
+    ids[0, 4:] = ids[0, :4]  # a repeated n-gram: prompt lookup proposes its continuation
+    prompt = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "max_new_tokens": 6, "do_sample": False,
+              "pad_token_id": 0}
+    greedy = model.generate(**prompt)
+    for candidates in ({"assistant_model": assistant}, {"prompt_lookup_num_tokens": 3}):
+        if method == "conv-2d":
+            with pytest.raises(hf.HuggingFaceRefusal, match="cannot be cut back") as refused:
+                model.generate(**prompt, **candidates)
+            assert "\n" not in str(refused.value)
+        else:
+            assert torch.equal(model.generate(**prompt, **candidates), greedy), candidates
+
+
 # ----------------------------------------------------------------- (d) saving, loading, refusals
+@pytest.fixture(scope="module")
+def saved_methods(tmp_path_factory) -> Dict[Path, Any]:
+    """Every method a causal model takes (the registry's) in a Llama, with the model's own positions kept
+    (``keep_model_positions``: a parameter-free method then changes no tensor of the model), its learned values
+    moved off their initial ones; and BERT with ALiBi: each saved, by folder."""
+    root, models = tmp_path_factory.mktemp("saved"), {}
+    for kind, method, options in [*(("llama", method, options) for method, options in CAUSAL_METHODS.items()),
+                                  ("bert", "alibi", {"alibi": True})]:
+        model = switched(kind, keep_model_positions=True, **options)
+        with torch.no_grad():
+            for parameter in (p for p in model.parameters() if p.requires_grad):
+                parameter.add_(0.01 * torch.randn_like(parameter))
+        model.save_pretrained(root / f"{kind}-{method}")
+        models[root / f"{kind}-{method}"] = model
+    return models
+
+
+#: a user's program that loads each folder with transformers alone (posattn_huggingface not imported)
+PLAIN_LOAD = """
+import transformers
+for folder, auto_class in INPUTS["folders"].items():
+    try:
+        getattr(transformers, auto_class).from_pretrained(folder)
+        OUTPUTS[folder] = "loaded"
+    except Exception as error:
+        OUTPUTS[folder] = f"{type(error).__name__}: {error}"
+"""
+
+
+def test_a_saved_method_refuses_a_plain_load_naming_the_front_end(saved_methods, tmp_path):
+    """config.json names the attention implementation ``posattn_huggingface``: transformers' own
+    ``from_pretrained`` in a fresh process, where nothing registered it, fails naming it (one line) instead of
+    loading a model without its method."""
+    folders = {str(folder): "AutoModel" if model.config.model_type == "bert" else "AutoModelForCausalLM"
+               for folder, model in saved_methods.items()}
+    for folder in folders:
+        assert json.loads((Path(folder) / "config.json").read_text())["attn_implementation"] == hf.IMPLEMENTATION
+    failures = run_python(PLAIN_LOAD, tmp_path, threads=1, folders=folders)
+    for folder, failure in failures.items():
+        assert 'attn_implementation="posattn_huggingface"' in failure and "\n" not in failure, (folder, failure)
+
+
+def test_every_saved_method_loads_with_the_front_end_to_the_same_outputs(saved_methods):
+    batch = padded_batch("left")
+    for folder, model in saved_methods.items():
+        model_class = type(model)
+        loaded = hf.from_pretrained(model_class, str(folder), dtype=torch.float64).eval()
+        assert loaded.config.posattn_position_method == model.config.posattn_position_method
+        real = batch["mask"].bool()
+        torch.testing.assert_close(output(loaded, batch["ids"], batch["mask"])[real],
+                                   output(model, batch["ids"], batch["mask"])[real], rtol=0, atol=0, msg=str(folder))
+
+
+def test_a_plain_load_where_the_front_end_is_imported_refuses_the_call(saved_methods):
+    """Where ``posattn_huggingface`` is imported (it registers its implementation), transformers' own load of a
+    saved folder succeeds but lacks the methods: its first call is refused, naming the front-end's loader."""
+    folder = next(folder for folder in saved_methods if folder.name == "llama-alibi")
+    plain = transformers.AutoModelForCausalLM.from_pretrained(folder)
+    with pytest.raises(hf.HuggingFaceRefusal, match=r"posattn_huggingface\.from_pretrained") as refused:
+        plain(torch.tensor([[1, 2, 3]]))
+    assert "\n" not in str(refused.value)
+
+
 @pytest.mark.parametrize("kind, method", [("llama", "t5-bias"), ("gpt2", "kerple-log"), ("bert", "distance-aware")])
 def test_a_saved_model_loads_with_its_method_and_the_same_outputs(kind, method, tmp_path):
     model = switched(kind, **METHODS[method])

@@ -162,7 +162,7 @@ def test_nan_gradients_of_sdpa_fall_back_in_training_to_the_explicit_gradients(m
     with caplog.at_level(logging.WARNING):
         got = train_step_gradients(attn, x, mask)
     (warning,) = [r.getMessage() for r in caplog.records if r.name == kernel_self_check.__name__]
-    assert "the sdpa kernel against the explicit path (float64, causal, right-padded, training" in warning
+    assert "the sdpa (float mask) kernel against the explicit path (float64, causal, right-padded, training" in warning
     assert "largest relative error inf in grad q" in warning
     for g, e in zip(got, expected):
         assert torch.isfinite(g).all()
@@ -286,8 +286,9 @@ def test_fairseq_train_with_a_faulty_kernel_warns_and_trains_as_the_explicit_pat
     assert faulty.returncode == 0, faulty.stderr[-3000:]
     log = faulty.stdout + faulty.stderr
     warnings = [line for line in log.splitlines() if "self-check" in line and "WARNING" in line]
-    assert len(warnings) == 1 and "decoder self-attention, layer 0: the sdpa kernel" in warnings[0], warnings
-    assert "explicit kernel (the sdpa kernel failed its self-check here)" in log
+    assert len(warnings) == 1, warnings
+    assert "decoder self-attention, layer 0: the sdpa (float mask) kernel" in warnings[0], warnings
+    assert "explicit kernel (the sdpa (float mask) kernel failed its self-check here)" in log
     assert len(train_losses(log)) == 3 and train_losses(log) == train_losses(explicit.stdout + explicit.stderr)
 
     stopped = train_t5_lm(ptb_bin, tmp_path / "c", "--decoder-attention-self-check", "error", faulty=True)

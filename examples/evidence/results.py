@@ -44,6 +44,10 @@ from fairseq_posattn.atomic_io import atomic_write  # noqa: E402
 from fairseq_posattn.cli import setup_logging  # noqa: E402
 from fairseq_posattn.data.significance import SIGNIFICANCE_LEVEL, TIE  # noqa: E402
 from fairseq_posattn.inspect.learning_curves import Curve, CurveGroup, draw  # noqa: E402
+from posattn_tasks.report import results_section  # noqa: E402
+
+#: the comparison suite's records (examples/comparison/README.md), summarised in the page's last section
+COMPARISON_RECORDS = Path(__file__).resolve().parents[1] / "comparison" / "records"
 
 REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE = "reproduced in direction", "not reproduced", "inconclusive"
 NO_EFFECT_REPRODUCED = "reproduced (no effect)"
@@ -1017,6 +1021,8 @@ def build_page(settings: Settings, pictures: Pictures, n_samples: int) -> str:
                 result = section(data, settings, pictures, extra)
             sections += result.lines
             claims += result.claims
+    sections += [f"## {len(TASKS) + 1}. Synthetic tasks: which position method, for what?", ""]
+    sections += results_section(COMPARISON_RECORDS, pictures.page_dir)
     head = ["# Results: do the papers' claims hold here?", "",
             "Every number on this page comes from the logs of the evidence runs "
             "(`examples/evidence/`); rows without finished runs say so."]

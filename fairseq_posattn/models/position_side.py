@@ -35,6 +35,9 @@ from posattn.errors import UserError
 
 #: what a side's tokens are, as side data errors name them
 BATCH_NAMES = {"encoder": "source batch", "decoder": "target batch"}
+#: the remedy of a batch longer than the side's t in fairseq's commands (``SidePositionOptions.check_length``)
+TOO_LONG_IN_FAIRSEQ = ("retrain with a larger {option} (at least {length}) or drop longer inputs (fairseq's "
+                       "--skip-invalid-size-inputs-valid-test)")
 #: the modules that hold a side's position method (its layers' terms by kind, the side's shared modules, its input
 #: position embeddings), by their names in the state dict: what ``--{side}-reset-position-options`` may reshape
 METHOD_MODULES = frozenset({"query_key_terms", "additive_terms", "scaling_term", "key_value_terms",
@@ -100,7 +103,7 @@ class PositionSide:
                 what the side's methods read (:attr:`side_data`) must be there, the rest is ignored.
             tables: the sequence tables of incremental decoding.
         """
-        self.options.check_length(tokens.size(1))
+        self.options.check_length(tokens.size(1), TOO_LONG_IN_FAIRSEQ)
         side_inputs = side_inputs or {}
         rows: Dict[str, Tensor] = {}
         for asked_by, data in self.side_data:

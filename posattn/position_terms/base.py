@@ -24,7 +24,7 @@ from typing import Callable, Dict, Hashable, List, Optional, Tuple
 import torch
 from torch import Tensor, nn
 
-from posattn.position_context import PositionContext
+from posattn.position_context import PositionContext, Preparation
 from posattn.errors import UserError
 from posattn.position_terms.quantities import Quantity
 
@@ -244,6 +244,13 @@ class AdditiveLogitBias(PositionTerm):
         score_mod = self.score_mod(ctx, queries, src_len)
         grid = torch.zeros(1, self.num_heads, tgt_len, src_len, dtype=dtype, device=device)
         return apply_densely(score_mod, grid, batch=batch)
+
+    def prepared_bias(self, tgt_len: int, src_len: int) -> Optional[Preparation]:
+        """The :class:`~posattn.position_context.Preparation` of a parameter-free bias's dense form for the last
+        ``tgt_len`` of ``src_len`` tokens (what :meth:`forward` returns, prepared once per batch), which the SDPA
+        path sums with the masks once per batch for every layer; None (the default): the bias is computed in the
+        call (it learns, or it is derived from :meth:`score_mod`)."""
+        return None
 
     def dense_dtype(self) -> torch.dtype:
         """The dtype of the default dense form: that of the term's first floating tensor (its own parameters

@@ -36,7 +36,7 @@ from typing import Any, Hashable, List, Tuple
 import torch
 from torch import Tensor, nn
 
-from posattn.position_context import PositionContext
+from posattn.position_context import AbsoluteDistances, PositionContext
 from posattn.position_terms.base import (
     AdditiveLogitBias,
     ScoreMod,
@@ -117,7 +117,7 @@ class KerpleBias(AdditiveLogitBias):
         return kerple_bias(self.kernel, r1[:, None], r2[:, None], distance)
 
     def forward(self, ctx: PositionContext, tgt_len: int, src_len: int) -> Tensor:
-        distance = ctx.relative_distances(tgt_len, src_len).abs()
+        distance = ctx.prepared(AbsoluteDistances(tgt_len, src_len))  # parameter-free: once per batch
         return lookup(self.by_distance(src_len, distance.device), 1, distance).unsqueeze(0)  # 1 x H x Tq x Tk
 
     def score_mod(self, ctx: PositionContext, q: Tensor, src_len: int) -> ScoreMod:

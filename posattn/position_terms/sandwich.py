@@ -24,8 +24,8 @@ to the logit of query i and key j. Choices:
   encoder) takes the same formula.
 
 No parameters: the bias of every distance is one ``(heads, distances)`` table, prepared once per batch for
-every layer (built in fp64, cast to the model's precision, at least fp32); the explicit path gathers it,
-the ``score_mod`` indexes it at ``[h, |i - j|]``.
+every layer (built in fp64, cast to the model's precision, at least fp32); the explicit and SDPA paths read
+the bias of every pair gathered from it, once per batch too, the ``score_mod`` indexes it at ``[h, |i - j|]``.
 """
 
 from dataclasses import dataclass
@@ -34,7 +34,7 @@ from typing import Any, Hashable, List, Tuple
 import torch
 from torch import Tensor, nn
 
-from posattn.position_context import PositionContext, Preparation
+from posattn.position_context import AbsoluteDistances, PositionContext, Preparation
 from posattn.position_terms.base import AdditiveLogitBias, ScoreMod, at_least_fp32, lookup
 from posattn.position_terms.quantities import CURVE, Quantity
 from posattn.position_terms.registry import (
@@ -76,6 +76,19 @@ class SandwichTable(Preparation):
         return sandwich_bias(self.num_heads, self.dim, distance).to(self.dtype)
 
 
+@dataclass(frozen=True)
+class SandwichPairs(Preparation):
+    """``(1, heads, tgt_len, src_len)``: the bias of the last ``tgt_len`` queries and every key, read from the
+    prepared table of its distances (``table``: the last query's key length)."""
+
+    table: SandwichTable
+    tgt_len: int
+
+    def build(self, ctx: PositionContext) -> Tensor:
+        distance = ctx.prepared(AbsoluteDistances(self.tgt_len, self.table.length))
+        return lookup(ctx.prepared(self.table), 1, distance).unsqueeze(0)
+
+
 class SandwichBias(AdditiveLogitBias):
     """``logits[h, i, j] += bias_h(|i - j|)``: the sinusoids' product, shifted and compressed per head."""
 
@@ -96,9 +109,14 @@ class SandwichBias(AdditiveLogitBias):
         """:class:`SandwichTable` of ``length`` distances, prepared once per batch for every layer."""
         return ctx.prepared(SandwichTable(self.num_heads, self.dim, length, at_least_fp32(self.ratios.dtype)))
 
+    def prepared_bias(self, tgt_len: int, src_len: int) -> Preparation:
+        """No parameters: the bias of every pair is prepared once per batch for every layer."""
+        return SandwichPairs(SandwichTable(self.num_heads, self.dim, src_len, at_least_fp32(self.ratios.dtype)),
+                             tgt_len)
+
     def forward(self, ctx: PositionContext, tgt_len: int, src_len: int) -> Tensor:
-        distance = ctx.relative_distances(tgt_len, src_len).abs()
-        return lookup(self.table(ctx, src_len), 1, distance).unsqueeze(0)  # 1 x H x Tq x Tk
+        """``(1, heads, tgt_len, src_len)``, prepared once per batch for every layer (:meth:`prepared_bias`)."""
+        return ctx.prepared(self.prepared_bias(tgt_len, src_len))
 
     def score_mod(self, ctx: PositionContext, q: Tensor, src_len: int) -> ScoreMod:
         """``score + bias[h, |i - j|]`` from the prepared table."""

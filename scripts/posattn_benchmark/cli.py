@@ -11,7 +11,7 @@ import posattn_benchmark
 from posattn_benchmark.groups import LONG_LENGTH, Group, build_groups
 from posattn_benchmark.header import MALLOC_NOTES
 from posattn_benchmark.paths import EWT_DEV, EWT_SAMPLE
-from posattn_benchmark.readme import README_END, README_START, replace_section, section_error
+from posattn_benchmark.readme import markers, replace_section, section_error
 from posattn_benchmark.report import render
 from posattn_benchmark.runner import IWSLT_SIZES, Runner, logger, measure_prepare
 from posattn_benchmark.variants import (
@@ -64,8 +64,22 @@ def parse_cli(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         "on the language-model sentences: train-step time and greedy generation (model.generate with the cache) "
         "of --decode-length tokens; skipped, with the reason, without transformers")
     add("--hf-layers", type=int, default=4, help="layers of the --huggingface Llama (default: %(default)s)")
+    add("--pytorch", action="store_true",
+        help="add the plain-PyTorch groups: --layers causal posattn.SelfAttention layers (--embed-dim, --heads) "
+        "after a token embedding, sharing one posattn.batch_context per batch, against the same stack of a "
+        "hand-written module on F.scaled_dot_product_attention(..., is_causal=True) (the pt-* variants: no method, "
+        "and every variant of every causal method), train step (loss: the mean square of the output) and peak "
+        "memory on blocks of each --pytorch-lengths")
+    add("--pytorch-lengths", type=int, nargs="+", default=[512, 2048, 8192], metavar="N",
+        help="with --pytorch: one group per block length (default: %(default)s)")
+    add("--pytorch-tokens", type=int, default=8192,
+        help="with --pytorch: tokens per batch, the batch = tokens / length blocks (at least 1; default: %(default)s)")
+    add("--pytorch-methods-up-to", type=int, default=2048, metavar="N",
+        help="with --pytorch: every method in the groups of at most N tokens, the layer without a method alone in "
+        "the longer ones (default: %(default)s)")
     add("--skip-short", action="store_true",
-        help="leave out the Multi30k-like translation group (to measure only --long, --lm or --huggingface)")
+        help="leave out the Multi30k-like translation group (to measure only --long, --lm, --pytorch or "
+        "--huggingface)")
     add("--lm-batch-size", type=int, default=8,
         help=f"blocks of {LONG_LENGTH} tokens per batch in the --lm blocks group (default: %(default)s)")
     add("--lm-block-lengths", type=int, nargs="+", default=[LONG_LENGTH], metavar="N",
@@ -110,8 +124,11 @@ def parse_cli(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         "decoding workers always run alone; default: %(default)s)")
     add("--output", type=Path, help="also write the markdown report to this file")
     add("--readme", type=Path,
-        help=f"also put the report into this markdown file, between the lines {README_START!r} and "
-        f"{README_END!r} (docs/benchmark.md's current numbers: `make benchmark`)")
+        help="also put the report into this markdown file, between the lines {!r} and {!r} (docs/benchmark.md's "
+        "current numbers: `make benchmark`), or those of --readme-section".format(*markers(None)))
+    add("--readme-section", metavar="NAME",
+        help="with --readme: the section between the lines {!r} and {!r} instead (`make benchmark-pytorch`: "
+        "pytorch)".format(*markers("NAME")))
     add("--profile", nargs="+", choices=list(VARIANTS_BY_NAME), metavar="NAME",
         help="instead of the measurements, profile the train steps of these variants and of vanilla "
         "with torch.profiler in every group, and print each one's most expensive operators")
@@ -129,8 +146,10 @@ def parse_cli(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                      "--warmup >= 0")
     if not 2 <= cli.min_len <= cli.max_len <= cli.max_positions:
         parser.error("need 2 <= --min-len <= --max-len <= --max-positions")
-    if cli.skip_short and not (cli.long or cli.lm or cli.huggingface):
-        parser.error("--skip-short leaves nothing to measure without --long, --lm or --huggingface")
+    if cli.skip_short and not (cli.long or cli.lm or cli.huggingface or cli.pytorch):
+        parser.error("--skip-short leaves nothing to measure without --long, --lm, --pytorch or --huggingface")
+    if min(cli.pytorch_lengths) < 2 or cli.pytorch_tokens < 1:
+        parser.error("--pytorch-lengths must be >= 2, --pytorch-tokens >= 1")
     if cli.hf_layers < 1:
         parser.error("--hf-layers must be >= 1")
     embed_dim, heads = cli.embed_dim or IWSLT_SIZES["embed-dim"], cli.heads or IWSLT_SIZES["attention-heads"]
@@ -140,7 +159,9 @@ def parse_cli(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         parser.error("--lm-block-lengths and --lm-block-tokens must be >= 2")
     if cli.readme is not None and cli.profile:
         parser.error("--readme takes the benchmark's report, not a --profile")
-    if cli.readme is not None and (error := section_error(cli.readme)) is not None:
+    if cli.readme_section is not None and cli.readme is None:
+        parser.error("--readme-section names a section of the --readme file: give --readme too")
+    if cli.readme is not None and (error := section_error(cli.readme, cli.readme_section)) is not None:
         parser.error(error)
     if not 1 <= cli.decode_length < cli.max_positions:
         parser.error("need 1 <= --decode-length < --max-positions (fairseq decodes at most "
@@ -210,7 +231,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         cli.output.write_text(report)
         logger.info("report written to %s", cli.output)
     if cli.readme is not None:
-        replace_section(cli.readme, report)
+        replace_section(cli.readme, report, cli.readme_section)
         logger.info("benchmark section of %s replaced", cli.readme)
     return 0 if complete and not any(group.failures for group in groups) else 1
 

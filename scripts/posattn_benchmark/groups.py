@@ -1,14 +1,14 @@
 """Row groups: one batch shape each (Multi30k-like translation, translation at 512 tokens, language
-model sentences and blocks, the Hugging Face Llama on language-model sentences), with what the workers
-measured for it."""
+model sentences and blocks, plain-PyTorch attention layers on blocks, the Hugging Face Llama on language-model
+sentences), with what the workers measured for it."""
 
 import argparse
 import importlib.util
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Set
+from typing import Any, Dict, FrozenSet, List, Optional, Sequence, Set
 
 from posattn_benchmark.batches import BatchShape
-from posattn_benchmark.variants import HUGGINGFACE, LANGUAGE_MODELING, REFERENCES, TRANSLATION, Variant
+from posattn_benchmark.variants import HUGGINGFACE, LANGUAGE_MODELING, PYTORCH, REFERENCES, TRANSLATION, Variant
 
 LONG_LENGTH = 512
 #: the language model's greedy decoding group: sequences per batch and tokens from BOS, decoded step by step
@@ -48,6 +48,9 @@ class Group:
     refused: Dict[str, str] = field(default_factory=dict)
     #: the Hugging Face group's machine, versions and model sizes, as its worker saw them
     about: Dict[str, Any] = field(default_factory=dict)
+    #: the names of the only variants measured here (None: every variant of the task; a plain-PyTorch group past
+    #: ``--pytorch-methods-up-to`` measures the layer without a method alone)
+    only: Optional[FrozenSet[str]] = None
 
     @property
     def reference(self) -> Variant:
@@ -61,8 +64,9 @@ class Group:
         return self.trains and self.task != HUGGINGFACE
 
     def applicable(self, variants: Sequence[Variant]) -> List[Variant]:
-        """The ``variants`` built for this group's task."""
-        return [variant for variant in variants if variant.task == self.task]
+        """The ``variants`` built for this group's task (and among :attr:`only`)."""
+        return [variant for variant in variants
+                if variant.task == self.task and (self.only is None or variant.name in self.only)]
 
     def decoders(self, variants: Sequence[Variant]) -> List[Variant]:
         """The decoding ``variants`` that decode in this group."""
@@ -77,8 +81,8 @@ def huggingface_unavailable() -> Optional[str]:
 
 
 def build_groups(cli: argparse.Namespace) -> List[Group]:
-    """The Multi30k-like group (unless ``--skip-short``), and the ``--long``, ``--lm`` and ``--huggingface``
-    groups when asked for."""
+    """The Multi30k-like group (unless ``--skip-short``), and the ``--long``, ``--lm``, ``--pytorch`` and
+    ``--huggingface`` groups when asked for."""
     groups = []
     if not cli.skip_short:
         groups.append(Group(f"Multi30k-like, lengths {cli.min_len}-{cli.max_len}",
@@ -102,6 +106,11 @@ def build_groups(cli: argparse.Namespace) -> List[Group]:
                                                                       len(cli.lm_block_lengths) > 1 else ""),
                                 BatchShape(length, length, blocks * length), length,
                                 task=LANGUAGE_MODELING, decodes=False))
+    for length in cli.pytorch_lengths if cli.pytorch else ():
+        methods = length <= cli.pytorch_methods_up_to
+        groups.append(Group(f"plain PyTorch, blocks of {length}" + ("" if methods else ", no method"),
+                            BatchShape(length, length, max(1, cli.pytorch_tokens // length) * length), length,
+                            task=PYTORCH, decodes=False, only=None if methods else frozenset({"pt-no-method"})))
     if cli.huggingface:
         # every prompt with its generated tokens within the positions the methods take
         groups.append(Group(f"Hugging Face Llama, sentences of {cli.min_len}-{cli.max_len}",

@@ -10,8 +10,8 @@ from posattn_benchmark.batches import PIECES_PER_WORD
 from posattn_benchmark.groups import Group
 from posattn_benchmark.paths import display_path
 from posattn_benchmark.variants import (
-    HUGGINGFACE, HUGGINGFACE_SPEED, LANGUAGE_MODELING, POSATTN_ARCH, POSATTN_LM_ARCH, REFERENCES, TARGETS_BY_KIND,
-    TRANSLATION, VANILLA_ARCH, VANILLA_LM_ARCH,
+    HUGGINGFACE, HUGGINGFACE_SPEED, LANGUAGE_MODELING, NO_METHOD_TARGET, POSATTN_ARCH, POSATTN_LM_ARCH, PYTORCH,
+    REFERENCES, TARGETS_BY_KIND, TRANSLATION, VANILLA_ARCH, VANILLA_LM_ARCH,
 )
 from posattn_benchmark.worker import BEAM_SIZE, LABEL_SMOOTHING
 
@@ -36,6 +36,8 @@ def model_line(groups: Sequence[Group], task: str, cli: argparse.Namespace) -> O
     if run is None:
         return None
     sizes = run["sizes"]
+    if task == PYTORCH:
+        return pytorch_line(sizes, run["params"], cli)
     if task == LANGUAGE_MODELING:
         count = sizes["decoder_layers"]
         models, layers = f"`{VANILLA_LM_ARCH}` vs `{POSATTN_LM_ARCH}`", f"{count} layer{'s' * (count != 1)}"
@@ -45,6 +47,20 @@ def model_line(groups: Sequence[Group], task: str, cli: argparse.Namespace) -> O
     return (f"- Models: {models} (the flags below are on the latter), embed {sizes['embed']}, FFN "
             f"{sizes['ffn']}, {layers}, {sizes['heads']} heads, vocabulary {cli.vocab_size}, dropout "
             f"0.1; vanilla {run['params'] / 1e6:.1f}M parameters.")
+
+
+def pytorch_line(sizes: Dict[str, int], params: int, cli: argparse.Namespace) -> str:
+    """The plain-PyTorch groups' models: their layers, the reference, the step and the no-method bound."""
+    layers = sizes["layers"]
+    return (f"- Plain PyTorch: a token embedding (vocabulary {cli.vocab_size}) and {layers} causal self-attention "
+            f"layer{'s' * (layers != 1)}, each `x = x + attention(x)`, embed {sizes['embed_dim']}, {sizes['heads']} "
+            "heads, no dropout; the reference's layers are a hand-written module (`q_proj`, `k_proj`, `v_proj`, "
+            "`out_proj`) calling `F.scaled_dot_product_attention(q, k, v, is_causal=True)` "
+            f"({params:,} parameters), each row's are `posattn.SelfAttention` layers of the same "
+            "projections built from one `posattn.position_options(True, max_positions, **options)` (the options "
+            "below), sharing one `posattn.batch_context(None, True, length)` per batch. Step: forward, the mean "
+            "square of the last layer's output as the loss, backward, Adam. Bounds: no method "
+            f"<= {NO_METHOD_TARGET.time:.2f} / {NO_METHOD_TARGET.memory:.2f}, a method its kind's (as above).")
 
 
 def huggingface_lines(group: Group, cli: argparse.Namespace) -> List[str]:
@@ -106,7 +122,7 @@ def header_lines(groups: Sequence[Group], cli: argparse.Namespace, load: Tuple[f
         f"Python {platform.python_version()}; models in {cli.precision}; 1-minute load average {load[0]:.1f} at the start, "
         f"{load[1]:.1f} at the end.",
     ]
-    lines += [line for task in (TRANSLATION, LANGUAGE_MODELING)
+    lines += [line for task in (TRANSLATION, LANGUAGE_MODELING, PYTORCH)
               if (line := model_line(groups, task, cli)) is not None]
     if any(group.task == TRANSLATION for group in groups):
         lines.append(
@@ -114,9 +130,10 @@ def header_lines(groups: Sequence[Group], cli: argparse.Namespace, load: Tuple[f
             f"(`{display_path(str(cli.conllu))}`) of about m / {PIECES_PER_WORD} words, the extra pieces "
             "as subwords of random words; depth, tin and tout per token as `--task translation_structural` "
             "collates them, computed once per process outside every timed region.")
+    if any(group.task in (TRANSLATION, LANGUAGE_MODELING) for group in groups):
+        lines.append(f"- Step: forward + label-smoothed cross entropy (eps {LABEL_SMOOTHING}; language models: "
+                     "plain cross entropy) + backward + Adam, on the same batches for every model (checked by hash).")
     lines += [
-        f"- Step: forward + label-smoothed cross entropy (eps {LABEL_SMOOTHING}; language models: "
-        "plain cross entropy) + backward + Adam, on the same batches for every model (checked by hash).",
         f"- Time: one process runs every model of a group round-robin, one step each per batch, order "
         f"rotated per round; warm-up rounds: {cli.warmup}, then timed rounds: {cli.steps} "
         "(time.perf_counter). Step time: median over the rounds; time ratio: median over the rounds "
@@ -158,6 +175,11 @@ def header_lines(groups: Sequence[Group], cli: argparse.Namespace, load: Tuple[f
         if group.task == LANGUAGE_MODELING:
             lines.append(f"- {group.title}: {group.shape.describe()} (batches of {seen} tokens), "
                          f"--tokens-per-sample and --max-target-positions {group.max_positions}.")
+            continue
+        if group.task == PYTORCH:
+            rows = "every row" if group.only is None else "the layer without a method alone"
+            lines.append(f"- {group.title}: {group.shape.describe()} (batches of {seen} tokens, no pad), max "
+                         f"positions {group.max_positions}; {rows}.")
             continue
         decoded = sorted({f"{b} x {t}" for b, t in group.decode_shapes})
         decoding = f"; decoding: {', '.join(decoded) or 'none'}" if group.decode_shapes else ""

@@ -11,7 +11,7 @@ from posattn_benchmark.header import header_lines
 from posattn_benchmark.paths import display_path
 from posattn_benchmark.stats import (CHECKS, PREPARE_TARGET, memory_ratio, peak_mb, prepare_check, speed_ratio,
                                     target_checks, time_ratio)
-from posattn_benchmark.variants import HUGGINGFACE, TARGETS, VARIANTS_BY_NAME, Variant
+from posattn_benchmark.variants import HUGGINGFACE, PYTORCH, TARGETS, VARIANTS_BY_NAME, Variant
 from posattn_benchmark.worker import BEAM_SIZE
 
 #: relative spread of vanilla's step times beyond which the report warns that the machine was busy
@@ -22,6 +22,9 @@ PREPARE_STEP = "align + side data + binarize"
 
 
 def flags_cell(variant: Variant) -> str:
+    """A row's flags; a plain-PyTorch row's keyword options as written in Python."""
+    if variant.task == PYTORCH:
+        return f"`{', '.join(variant.flags)}`" if variant.flags else f"`{variant.arch}`"
     if variant.flags:
         return "`" + " ".join(variant.flags) + "`"
     return f"`--arch {variant.arch}`"

@@ -14,7 +14,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from posattn_benchmark.groups import Group
 from posattn_benchmark.paths import PACKAGE_DIR, STRUCTURE_BENCHMARK
-from posattn_benchmark.variants import HUGGINGFACE, LANGUAGE_MODELING, Variant
+from posattn_benchmark.variants import HUGGINGFACE, LANGUAGE_MODELING, PYTORCH, Variant
 from posattn_benchmark.worker import RESULT_MARKER, LlamaSpec, WorkerSpec
 from posattn_tools.runs import capture, side_flags
 
@@ -77,7 +77,7 @@ class Runner:
         cli = self.cli
         decoding = mode == "decoding"
         return WorkerSpec(mode=mode, task=group.task, variants=tuple(variants),
-                          size_flags=() if group.task == HUGGINGFACE else size_flags(cli, group.task),
+                          size_flags=() if group.task in (HUGGINGFACE, PYTORCH) else size_flags(cli, group.task),
                           max_positions=group.max_positions,
                           shape=group.shape.sentences(cli.decode_batch_size) if decoding and not group.greedy
                           else group.shape,
@@ -85,7 +85,8 @@ class Runner:
                           steps=cli.decode_rounds if decoding else cli.steps, seed=cli.seed,
                           device=cli.device, threads=cli.threads, conllu=str(cli.conllu),
                           decode_length=group.decode_length or cli.decode_length, precision=cli.precision,
-                          greedy=group.greedy, llama=self.llama_spec(group) if group.task == HUGGINGFACE else None)
+                          greedy=group.greedy, llama=self.llama_spec(group) if group.task == HUGGINGFACE else None,
+                          pytorch=pytorch_sizes(cli) if group.task == PYTORCH else None)
 
     def llama_spec(self, group: Group) -> LlamaSpec:
         """The Hugging Face group's Llama sizes and generation: ``--decode-batch-size`` prompts, ``--decode-rounds``
@@ -184,6 +185,14 @@ def llama_sizes(cli: argparse.Namespace) -> Dict[str, int]:
     return {"hidden_size": cli.embed_dim or IWSLT_SIZES["embed-dim"],
             "intermediate_size": cli.ffn_dim or IWSLT_SIZES["ffn-embed-dim"], "num_hidden_layers": cli.hf_layers,
             "num_attention_heads": heads, "num_key_value_heads": heads}
+
+
+def pytorch_sizes(cli: argparse.Namespace) -> Dict[str, int]:
+    """The plain-PyTorch group's layers: the iwslt preset's width and heads (overridden by ``--embed-dim`` and
+    ``--heads``), ``--layers`` layers."""
+    return {"embed_dim": cli.embed_dim or IWSLT_SIZES["embed-dim"],
+            "heads": cli.heads or IWSLT_SIZES["attention-heads"],
+            "layers": cli.layers}
 
 
 def size_flags(cli: argparse.Namespace, task: str) -> Tuple[str, ...]:

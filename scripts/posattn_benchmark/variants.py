@@ -8,7 +8,9 @@ Combinations that are no single method's variant (SAN+P+R, the structural varian
 trees) and the vanilla references are listed here. The Hugging Face group's rows (``hf-`` prefix) are every
 variant of every method a causal model takes, each as the keyword options of
 ``posattn_huggingface.apply_position_method`` on a Llama; which of them the front-end refuses, its worker finds
-by trying (nothing here imports transformers).
+by trying (nothing here imports transformers). The plain-PyTorch group's rows (``pt-`` prefix) are the layer
+without a method and every variant of every method a causal layer takes, each as the keyword options of
+``posattn.position_options``.
 """
 
 from dataclasses import dataclass
@@ -26,6 +28,11 @@ LANGUAGE_MODELING = "language_modeling"
 #: the Hugging Face group's task: transformers' Llama, the reference on SDPA with its own RoPE
 HUGGINGFACE = "huggingface"
 LLAMA_ARCH = "LlamaForCausalLM"
+#: the plain-PyTorch group's task: causal ``posattn.SelfAttention`` layers against a hand-written module of the same
+#: projections on ``F.scaled_dot_product_attention(..., is_causal=True)``
+PYTORCH = "pytorch"
+SDPA_MODULE_ARCH = "SDPA module"
+SELF_ATTENTION_ARCH = "posattn.SelfAttention"
 
 
 @dataclass(frozen=True)
@@ -43,6 +50,8 @@ class Variant:
         Face group's."""
         if self.arch == LLAMA_ARCH:
             return HUGGINGFACE
+        if self.arch in (SDPA_MODULE_ARCH, SELF_ATTENTION_ARCH):
+            return PYTORCH
         return LANGUAGE_MODELING if self.arch.startswith("transformer_lm") else TRANSLATION
 
 
@@ -82,12 +91,16 @@ POST_SOFTMAX_GREEDY_SPEED = 0.75
 
 #: the Hugging Face group's bound on greedy generation with the cache (relative to the reference's speed)
 HUGGINGFACE_SPEED = 0.90
+#: the plain-PyTorch group's bound of the layer without a method (time and memory): SDPA's own causal kernel
+NO_METHOD_TARGET = Target(time=1.05, memory=1.05)
 
 VANILLA = Variant("vanilla", "Transformer (fairseq)", arch=VANILLA_ARCH)
 VANILLA_LM = Variant("vanilla-lm", "Transformer LM (fairseq)", arch=VANILLA_LM_ARCH)
 VANILLA_LLAMA = Variant("hf-llama", "Llama (transformers, SDPA, its RoPE)", arch=LLAMA_ARCH)
+VANILLA_SDPA = Variant("pt-sdpa", "SDPA module (hand-written, is_causal=True)", arch=SDPA_MODULE_ARCH)
 #: the baseline that every model of a task is compared with
-REFERENCES: Dict[str, Variant] = {TRANSLATION: VANILLA, LANGUAGE_MODELING: VANILLA_LM, HUGGINGFACE: VANILLA_LLAMA}
+REFERENCES: Dict[str, Variant] = {TRANSLATION: VANILLA, LANGUAGE_MODELING: VANILLA_LM, HUGGINGFACE: VANILLA_LLAMA,
+                                  PYTORCH: VANILLA_SDPA}
 
 
 def side_flags(sides: Tuple[str, ...], values: Mapping[str, Any]) -> Tuple[str, ...]:
@@ -171,13 +184,40 @@ def huggingface_rows() -> List[Tuple[Variant, Target]]:
     return rows
 
 
+def pytorch_options() -> Dict[str, Mapping[str, Any]]:
+    """The keyword options of every plain-PyTorch row by name (``posattn.position_options(True, **options)``): no
+    method, and every variant of every method a causal layer takes."""
+    options: Dict[str, Mapping[str, Any]] = {"pt-no-method": {}}
+    for method in methods_of("decoder"):
+        options.update((f"pt-{name}", values) for name, values in method.variants.items())
+    return options
+
+
+#: the keyword options of each plain-PyTorch row
+PYTORCH_OPTIONS = pytorch_options()
+
+
+def pytorch_rows() -> List[Tuple[Variant, Target]]:
+    """The plain-PyTorch group's rows, their flags the keyword options as written in Python: the layer without a
+    method (bound :data:`NO_METHOD_TARGET`), and every variant of every causal method with its kind's time and
+    memory bounds (as the fairseq rows)."""
+    rows = [(Variant("pt-no-method", "posattn.SelfAttention, no method", arch=SELF_ATTENTION_ARCH), NO_METHOD_TARGET)]
+    for method in methods_of("decoder"):
+        for name in method.variants:
+            flags = tuple(f"{option}={value!r}" for option, value in PYTORCH_OPTIONS[f"pt-{name}"].items())
+            target = method_target(method, name)
+            rows.append((Variant(f"pt-{name}", variant_label(name), flags, SELF_ATTENTION_ARCH),
+                         Target(time=target.time, memory=target.memory)))
+    return rows
+
+
 def all_rows() -> List[Tuple[Variant, Target]]:
     """Every benchmarked variant with its target: defaults and combinations, the registry's variants
-    in registration order, the structural variants, the Hugging Face rows."""
+    in registration order, the structural variants, the Hugging Face rows, the plain-PyTorch rows."""
     rows = combination_rows()
     for method in REGISTRY.values():
         rows += registry_rows(method)
-    return rows + structural_rows() + huggingface_rows()
+    return rows + structural_rows() + huggingface_rows() + pytorch_rows()
 
 
 ROWS = all_rows()

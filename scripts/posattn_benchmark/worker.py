@@ -18,7 +18,7 @@ from posattn_benchmark.batches import (
     BatchShape, add_side_data, add_structure, batches_digest, load_trees, make_batches, make_dictionary,
     make_lm_batches,
 )
-from posattn_benchmark.variants import HUGGINGFACE, LANGUAGE_MODELING, TRANSLATION, Variant
+from posattn_benchmark.variants import HUGGINGFACE, LANGUAGE_MODELING, PYTORCH, TRANSLATION, Variant
 
 RESULT_MARKER = "BENCHMARK_RESULT "
 #: ``--precision``: the models' dtype
@@ -48,7 +48,9 @@ class WorkerSpec:
     torch.profiler ``profile`` of each variant's train steps. ``task``: ``translation`` (source,
     target and structural side data) or ``language_modeling`` (blocks of ``shape.max_len`` tokens).
     ``conllu``: the trees of the structural side data. ``huggingface``: the Hugging Face group's train steps,
-    then its generation, in one process (transformers' import costs seconds), its sizes in ``llama``."""
+    then its generation, in one process (transformers' import costs seconds), its sizes in ``llama``.
+    ``pytorch``: the plain-PyTorch group's layers (``embed_dim``, ``heads``, ``layers``), on blocks as a language
+    model's."""
 
     mode: str
     task: str
@@ -67,6 +69,7 @@ class WorkerSpec:
     precision: str = "fp32"
     greedy: bool = False
     llama: Optional[LlamaSpec] = None
+    pytorch: Optional[Dict[str, int]] = None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -127,7 +130,7 @@ class Worker:
         #: the Hugging Face front-end's refusal of each variant it does not take, by name
         self.refused: Dict[str, str] = {}
         count = spec.warmup + spec.steps
-        if spec.task in (LANGUAGE_MODELING, HUGGINGFACE):
+        if spec.task in (LANGUAGE_MODELING, HUGGINGFACE, PYTORCH):
             batches = make_lm_batches(self.dictionary, spec.shape, count, spec.seed)
         else:
             batches = make_batches(self.dictionary, spec.shape, count, spec.seed)
@@ -164,12 +167,19 @@ class Worker:
 
     def build(self, variant: Variant) -> Tuple[Any, Any]:
         """Model and Adam optimizer of ``variant``: a fairseq model built as ``fairseq-train`` does (through
-        :func:`build_fairseq_model`), or the Hugging Face group's Llama."""
+        :func:`build_fairseq_model`), the Hugging Face group's Llama, or the plain-PyTorch group's layers."""
         import torch
 
         torch.manual_seed(self.spec.seed)
         dtype = torch.bfloat16 if self.spec.precision == "bf16" else torch.float32
-        model = self.llama.build(variant) if variant.task == HUGGINGFACE else self.build_fairseq_model(variant)
+        if variant.task == HUGGINGFACE:
+            model = self.llama.build(variant)
+        elif variant.task == PYTORCH:
+            from posattn_benchmark import pytorch
+
+            model = pytorch.build(variant, self.spec.pytorch, self.spec.vocab_size, self.spec.max_positions)
+        else:
+            model = self.build_fairseq_model(variant)
         model = model.to(device=self.device, dtype=dtype).train()
         optimizer = torch.optim.Adam(model.parameters(), lr=5e-4, betas=(0.9, 0.98))
         return model, optimizer
@@ -205,9 +215,14 @@ class Worker:
 
     def loss(self, variant: Variant, model: Any, batch: Dict[str, Any]) -> Any:
         """The forward pass and loss of a train step: fairseq's label-smoothed cross entropy (a language model's:
-        plain cross entropy) per target token, or the Hugging Face group's cross entropy."""
+        plain cross entropy) per target token, the Hugging Face group's cross entropy, or the plain-PyTorch group's
+        loss."""
         if variant.task == HUGGINGFACE:
             return self.llama.loss(model, batch)
+        if variant.task == PYTORCH:
+            from posattn_benchmark import pytorch
+
+            return pytorch.loss(model, batch)
         from fairseq.criterions.label_smoothed_cross_entropy import label_smoothed_nll_loss
 
         pad = self.dictionary.pad()
@@ -264,7 +279,7 @@ class Worker:
             "threads": torch.get_num_threads(),
             "torch": torch.__version__,
             "fairseq": fairseq.__version__,
-            "sizes": model_sizes(model),
+            "sizes": self.spec.pytorch if variant.task == PYTORCH else model_sizes(model),
         }
 
     def timing(self) -> Dict[str, Any]:

@@ -28,7 +28,8 @@ step and as many again backward, 35 steps a block). Where it runs (:meth:`Positi
   evaluation without gradients another: far below dynamo's recompile limit (8). The first call on a
   device (in each grad mode) runs the compiled function forward and backward on a small batch of its
   own; a compiler that fails there or later (none installed, an unsupported platform, the recompile
-  limit) leaves one warning naming the cause, and the eager loop runs on that device from then on.
+  limit, torch installed under a path with spaces: :func:`inductor_path_obstacle`) leaves one warning
+  naming the cause, and the eager loop runs on that device from then on.
   On the CPU the compiled function gives bit-identical mu and gradients
   (``tests/test_lstm_lm_compiled.py``, which ``--device cuda`` runs on a GPU).
 * CPU (default), single steps (incremental decoding), inside a ``torch.compile`` of the whole model
@@ -46,6 +47,7 @@ composed products of the a_t overflow to inf where the loop stays bounded, and b
 
 import functools
 import logging
+import os
 from typing import Callable, Dict, Optional, Set, Tuple
 
 import torch
@@ -74,6 +76,8 @@ MU_RECURRENCES = ("auto", "compiled", "eager")
 _setting = {"mu_recurrence": "auto"}
 _compile_failures: Dict[str, str] = {}  # device type -> why the compiled recurrence does not run there
 _compile_checked: Set[Tuple[str, bool, bool]] = set()  # (device type, grad mode, needs a gradient) tried
+#: the folder of the torch installation, whose headers and libraries inductor's C++ compile commands name
+TORCH_DIR = os.path.dirname(torch.__file__)
 
 
 def set_mu_recurrence(mode: str) -> str:
@@ -127,6 +131,16 @@ def compiled_mu_steps() -> Callable[..., Tensor]:
     return torch.compile(packed_mu_steps, fullgraph=True)
 
 
+def inductor_path_obstacle() -> Optional[str]:
+    """Why inductor's C++ compiler cannot build here, known beforehand: torch installed under a path with
+    whitespace, which inductor writes into the compiler's include and library options unquoted (pytorch issue
+    #149713), so every C++ compile fails there; None where :data:`TORCH_DIR` has no whitespace."""
+    if not any(character.isspace() for character in TORCH_DIR):
+        return None
+    return (f"torch is installed under a path with whitespace ({TORCH_DIR!r}), which inductor passes to the C++ "
+            "compiler unquoted (pytorch issue #149713): an environment whose path has no spaces compiles it")
+
+
 def uses_compiled_mu(mu_weights: Tensor) -> bool:
     """Whether :meth:`PositionalAttention.recur_mu` takes the compiled recurrence for these weights:
     as :func:`set_mu_recurrence` says (``auto``: on CUDA), for more than one step (a single step,
@@ -163,8 +177,9 @@ def compiled_recur_mu(mu_weights: Tensor, prev_mu: Tensor, normalizer: Tensor, o
     except Exception as error:  # noqa: BLE001 (any compiler failure: the eager loop computes the same)
         cause = f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0][:300]}"
         _compile_failures[device] = cause
+        obstacle = inductor_path_obstacle()
         logger.warning(f"positional attention: the compiled mu recurrence failed on {device} ({cause}); "
-                       f"the eager loop runs there instead")
+                       f"the eager loop runs there instead{f'. {obstacle}' if obstacle else ''}")
         return mu_steps(mu_weights, prev_mu, normalizer, step_positions(offset, mu_weights.size(1), mu_weights))
 
 

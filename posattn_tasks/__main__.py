@@ -1,0 +1,5 @@
+import sys
+
+from posattn_tasks.cli import main
+
+sys.exit(main())
