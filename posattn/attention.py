@@ -87,6 +87,8 @@ try:  # PyTorch >= 2.5
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 except ImportError:  # pragma: no cover - older torch: the kernel never takes the flex path
     create_block_mask = flex_attention = None
+if flex_attention is not None and not torch._dynamo.is_dynamo_supported():  # pragma: no cover
+    create_block_mask = flex_attention = None  # torch 2.5 on Python 3.13: flex_attention refuses to run without dynamo
 try:  # PyTorch >= 2.3
     from torch.nn.attention import SDPBackend, sdpa_kernel
 except ImportError:  # pragma: no cover - older torch: SDPA chooses its backend itself

@@ -232,7 +232,8 @@ class SidePositionOptions:
         """``--{side}-attention-kernel flex`` needs flex_attention and terms with pointwise forms."""
         if flex_attention is None:
             raise PositionOptionError(f"{self.flag('attention_kernel')} flex needs torch >= 2.5 "
-                                      f"(torch.nn.attention.flex_attention); use auto or explicit")
+                                      "(torch.nn.attention.flex_attention) with dynamo (on Python 3.13: torch >= 2.6); "
+                                      "use auto or explicit")
         if terms.row_dependent is not None:
             raise PositionOptionError(f"{self.flag('attention_kernel')} flex: "
                                       f"{method_of(terms.row_dependent).asked_by(self)} computes its bias from the "
