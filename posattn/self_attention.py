@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from posattn.attention import PositionKernel
+from posattn.compat import autocast_dtype
 from posattn.decoding import DecodingCache
 from posattn.errors import ArgumentError, described
 from posattn.functional import position_attention
@@ -103,12 +104,14 @@ class SelfAttention(PositionKernel):
         return (out, weights) if need_weights else out
 
     def _check_input(self, x: Tensor) -> None:
-        """Refuse an ``x`` that is not ``(batch, length, embed_dim)`` in the layer's dtype and on its device."""
+        """Refuse an ``x`` that is not ``(batch, length, embed_dim)`` on the layer's device, in its dtype (any under
+        autocast, which casts the projections' inputs)."""
         weight = self.q_proj.weight
         if not isinstance(x, Tensor) or x.dim() != 3 or x.size(-1) != self.embed_dim:
             raise ArgumentError(f"{self.where}: x must be (batch, length, {self.embed_dim}) (batch, length, "
                                 f"embed_dim), got {described(x)}; one sequence is x[None]")
-        if x.dtype != weight.dtype or x.device != weight.device:
+        other_dtype = x.dtype != weight.dtype and autocast_dtype(x.device.type) is None  # autocast casts both
+        if other_dtype or x.device != weight.device:
             raise ArgumentError(f"{self.where}: x is {x.dtype} on {x.device}, the layer's weights {weight.dtype} on "
-                                f"{weight.device}: move one to the other (layer.to(x) or x.to(...)); under autocast "
-                                "give x in the weights' dtype")
+                                f"{weight.device}: move one to the other (layer.to(x) or x.to(...)), or run the "
+                                "model under torch.autocast")

@@ -213,6 +213,18 @@ def test_an_unknown_kernel_is_refused_naming_the_choices(kernel):
 
 
 @torch.no_grad()
+def test_under_autocast_an_input_of_the_autocast_dtype_is_taken():
+    """The dtype refusal's other side: under torch.autocast (the CPU's bfloat16 here) a bfloat16 x reaches fp32
+    weights as in any autocast model (the projections cast both), and gives the fp32 input's output within
+    bfloat16's precision."""
+    attention = layer(alibi=True)
+    x = torch.randn(1, 5, E)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        mixed = attention(x.bfloat16())
+    torch.testing.assert_close(mixed.float(), attention(x), atol=5e-2, rtol=5e-2)
+
+
+@torch.no_grad()
 def test_every_known_kernel_gives_the_same_result():
     method = posattn.position_method(H, HEAD_DIM, causal=True, alibi=True, attention_self_check="off").double()
     q, k, v = torch.randn(3, 2, H, 5, HEAD_DIM, dtype=torch.double).unbind(0)
