@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 import posattn
+from posattn.position_context import PositionContext
 from posattn.position_options import SidePositionOptions
 
 
@@ -48,8 +49,8 @@ class Block(nn.Module):
         self.mlp_norm = nn.LayerNorm(size.dim)
         self.mlp = nn.Sequential(nn.Linear(size.dim, 4 * size.dim), nn.GELU(), nn.Linear(4 * size.dim, size.dim))
 
-    def forward(self, x: Tensor) -> Tensor:
-        x = x + self.attn(self.attn_norm(x))
+    def forward(self, x: Tensor, context: PositionContext) -> Tensor:
+        x = x + self.attn(self.attn_norm(x), context=context)
         return x + self.mlp(self.mlp_norm(x))
 
 
@@ -70,8 +71,10 @@ class TaskDecoder(nn.Module):
         x = self.embed(tokens)
         if self.sinusoidal:
             x = x + sinusoidal_positions(tokens.shape[1], x.shape[-1], tokens.device).to(x.dtype)
+        # one context per batch, shared by the layers: their position tables are prepared once, not per layer
+        context = posattn.batch_context(None, True, tokens.shape[1], tokens.device)
         for block in self.blocks:
-            x = block(x)
+            x = block(x, context)
         return self.output(self.norm(x))
 
     def check_length(self, length: int) -> None:
