@@ -1,6 +1,6 @@
 """The documents, checked as a reader uses them: every relative link and anchor of README.md,
 CONTRIBUTING.md, CHANGELOG.md, docs/, examples/ and data/ resolves; every ``make`` target, repository path
-and console script they name exists; every flag of the README's tables is accepted by ``fairseq-train -h``
+and console script they name exists; every flag of the tables of README.md and docs/options.md is accepted by ``fairseq-train -h``
 of its architecture; the option tables are what ``make docs`` writes; the version has one source."""
 
 import contextlib
@@ -159,8 +159,9 @@ def test_every_console_script_the_documents_name_exists():
 
 
 def readme_tables() -> Iterator[Tuple[str, List[List[str]]]]:
-    """(header line, rows as cells) of every table of README.md."""
-    lines = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
+    """(header line, rows as cells) of every table of README.md and docs/options.md (the options it points to)."""
+    lines = [line for name in ("README.md", "docs/options.md")
+             for line in [*(ROOT / name).read_text(encoding="utf-8").splitlines(), ""]]
     i = 0
     while i < len(lines):
         if lines[i].startswith("|") and i + 1 < len(lines) and lines[i + 1].startswith("|---"):
@@ -177,7 +178,7 @@ def readme_tables() -> Iterator[Tuple[str, List[List[str]]]]:
 
 def flag_rows() -> Iterator[Tuple[str, str, List[str], bool]]:
     """(task, architecture, command-line flags, whether they form a command line) of each row of the
-    README's tables that gives flags (the options table gives flags without their values)."""
+    tables of README.md and docs/options.md that gives flags (the options table gives flags without their values)."""
     for header, rows in readme_tables():
         if not (header.startswith("| option |") or "| flags" in header):
             continue  # a table that names flags without giving a command line (the map of the documents)
