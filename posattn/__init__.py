@@ -18,7 +18,7 @@ The methods are registered in :mod:`posattn.position_terms` (one file each); the
 (``fairseq_posattn``) is a front-end of this package.
 """
 
-__version__ = "0.4.0"  # the one source of the version (setup.py reads it; CHANGELOG.md)
+__version__ = "0.5.0"  # the one source of the version (setup.py reads it; CHANGELOG.md)
 
 from posattn.decoding import DecodingCache  # noqa: E402
 from posattn.errors import ArgumentError, MisuseError, UserError  # noqa: E402
