@@ -9,7 +9,9 @@ The public interface (shapes in each docstring):
 - :func:`position_method`: a layer's method alone (its terms), for a model that keeps its projections;
 - :func:`position_options`: a side's options from Python, by the command-line options' names without the side,
   shared by a model's layers; :func:`describe_options` lists every option with its values, default and meaning;
-- :func:`batch_context`: one batch's positions, built once and passed to every layer.
+- :func:`batch_context`: one batch's positions, built once and passed to every layer;
+- :func:`fully_shard_layers`: FSDP2 sharding of a model's layers that keeps side-wide modules whole where they are
+  read (:mod:`posattn.sharding`).
 
 Misuse is refused in one line, a :class:`UserError` (:class:`ArgumentError`, :class:`MisuseError`,
 :class:`PositionOptionError`, ...). docs/pytorch.md is the interface's reference.
@@ -33,7 +35,9 @@ from posattn.position_options import (  # noqa: E402
 )
 from posattn.position_terms.base import SequenceTooLongError  # noqa: E402
 from posattn.self_attention import SelfAttention  # noqa: E402
+from posattn.sharding import fully_shard_layers, keep_side_wide_modules_gathered  # noqa: E402
 
 __all__ = ["ArgumentError", "DecodingCache", "MisuseError", "OptionTypeError", "PositionOptionError", "SelfAttention",
            "SequenceTooLongError", "SidePositionOptions", "UserError", "batch_context", "describe_options",
-           "position_attention", "position_method", "position_options"]
+           "fully_shard_layers", "keep_side_wide_modules_gathered", "position_attention", "position_method",
+           "position_options"]

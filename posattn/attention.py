@@ -11,13 +11,15 @@ Order of operations for one head (docs/methods.md, Order of operations in one he
 
 1. ``q, k, v`` projections (their weights rescaled by a projection scaling: the front-end's); ``q`` scaled by
    1/sqrt(d_h); the query/key transforms of the current tokens' queries and keys;
-2. content logits ``q k^T`` plus the key/value augmentations' key term ``q_i . a^K_ij``;
+2. content logits ``q k^T`` (a content-logits term's in their place) plus the key/value augmentations' key term
+   ``q_i . a^K_ij``;
 3. logit scaling: an elementwise rescaling of the content logits;
 4. additive biases of the query and key positions, then the token-difference biases ``c_i - c_j`` of
    values computed from the layer's input;
 5. masks: ``attn_mask`` (causal) and key padding, as -inf *after* the steps above; then a row-dependent bias,
-   computed from each query's masked row of logits;
-6. softmax; post-softmax transform of the attention matrix, which re-masks;
+   computed from each query's masked row of logits; then the logit-matrix transforms, every head's logits at once;
+6. softmax (or the layer's normalisation in its place); the logit-matrix transforms' mixing of the heads' weights;
+   post-softmax transform of the attention matrix, which re-masks;
 7. dropout; ``probs v`` plus the augmentations' value term ``sum_j alpha_ij a^V_ij``; output projection
    (the front-end's).
 
@@ -34,7 +36,8 @@ of tensors prepared once per batch. Each call takes the path its terms allow (:m
   least one of them learns or rescales (compiled ``flex_attention``, a block mask for padding and
   causality prepared once per batch; no (length x length) tensor is kept for the backward pass);
 - ``explicit``: steps 2-7 written out, when a term needs the attention matrix (a post-softmax transform, a
-  key/value augmentation's value term, a row-dependent bias) or the call asks for the weights.
+  key/value augmentation's value term, a row-dependent bias, a normalisation in place of the softmax) or the call
+  asks for the weights.
 
 The kernel choice ``explicit`` forces the explicit path (reference, inspection); ``flex``
 forces flex_attention where the terms allow it (on the CPU its eager, unfused implementation: for
@@ -48,8 +51,10 @@ in the backward pass and a compiled graph, receives exactly the geometry of its 
 
 **Decoding state** is a dictionary of batch-first tensors that the front-end keeps per layer and sequence
 (fairseq's incremental-state buffer, :class:`posattn.DecodingCache`): ``prev_key`` / ``prev_value``, the rows a
-post-softmax transform needs (``prev_attn_rows``) and the token-difference terms' values
-(:func:`token_values_key`); reordering it along its first dimension reorders beam search's hypotheses.
+post-softmax transform needs (``prev_attn_rows``), the token-difference terms' values
+(:func:`token_values_key`), the rows a logit-matrix transform needs (:func:`logit_rows_key`), a content-logits
+term's state (its keys are ``prev_key`` as it returns them: carried to the last token); reordering it along its first
+dimension reorders beam search's hypotheses.
 
 Precision: the softmax, and every term's sensitive part, run in fp32 and are cast back to the
 model's dtype (fp16 / bf16), as fairseq's own attention does for its softmax. The module keeps nothing of a call.
@@ -70,6 +75,10 @@ from posattn.position_context import (
 )
 from posattn.position_terms.base import (
     AdditiveLogitBias,
+    AttentionNormalisation,
+    ContentLogits,
+    LogitMatrixTransform,
+    LogitParts,
     KeyValueAugmentation,
     LogitScaling,
     PositionTerm,
@@ -115,6 +124,9 @@ class PositionTerms:
     projection: Optional[ProjectionScaling] = None
     token_difference: List[TokenDifferenceBias] = field(default_factory=list)
     row_dependent: Optional[RowDependentBias] = None
+    normalisation: Optional[AttentionNormalisation] = None
+    content: Optional[ContentLogits] = None
+    logit_matrix: List[LogitMatrixTransform] = field(default_factory=list)
     #: the kernel choice and the self-check (``--{side}-attention-kernel``, ``--{side}-attention-self-check``), and
     #: the layer's name in the log
     #: ("encoder self-attention, layer 0")
@@ -130,12 +142,15 @@ class PositionTerms:
         """File ``term`` under its kind (at most one logit scaling, post-softmax transform, projection scaling
         and row-dependent bias)."""
         for kind, listed in ((QueryKeyTransform, self.query_key), (AdditiveLogitBias, self.additive),
-                             (KeyValueAugmentation, self.key_value), (TokenDifferenceBias, self.token_difference)):
+                             (KeyValueAugmentation, self.key_value), (TokenDifferenceBias, self.token_difference),
+                             (LogitMatrixTransform, self.logit_matrix)):
             if isinstance(term, kind):
                 listed.append(term)
                 return
         for kind, name in ((LogitScaling, "scaling"), (PostSoftmaxTransform, "post_softmax"),
-                           (ProjectionScaling, "projection"), (RowDependentBias, "row_dependent")):
+                           (ProjectionScaling, "projection"), (RowDependentBias, "row_dependent"),
+                           (AttentionNormalisation, "normalisation"),
+                           (ContentLogits, "content")):
             if isinstance(term, kind):
                 if getattr(self, name) is not None:
                     raise ValueError(f"two {name} terms in one layer: {getattr(self, name)} and {term}")
@@ -147,7 +162,8 @@ class PositionTerms:
         return not (
             self.query_key or self.additive or self.key_value or self.token_difference
             or self.scaling is not None or self.post_softmax is not None or self.projection is not None
-            or self.row_dependent is not None
+            or self.row_dependent is not None or self.normalisation is not None
+            or self.content is not None or bool(self.logit_matrix)
         )
 
 
@@ -189,6 +205,11 @@ class PositionKernel(nn.Module):
         self.projection_term = terms.projection
         self.token_difference_terms = nn.ModuleList(terms.token_difference)
         self.row_term = terms.row_dependent
+        self.normalisation_term = terms.normalisation
+        self.content_term = terms.content
+        self.logit_matrix_terms = nn.ModuleList(terms.logit_matrix)
+        if any(term.reads_bias for term in self.logit_matrix_terms) and not self.additive_terms:
+            raise ValueError(f"{self.where}: a logit-matrix term reads the layer's additive biases, and it has none")
         self.kernel, self.self_check, self.where = terms.kernel, terms.self_check, terms.where
         self.causal, self.max_positions = terms.causal, terms.max_positions
         #: what the path depends on besides the call: the terms rescale the logits; an additive one learns
@@ -209,17 +230,22 @@ class PositionKernel(nn.Module):
         """The terms that change the logits, in the order of docs/methods.md (keys, scaling, biases)."""
         scaling = [self.scaling_term] if self.scaling_term is not None else []
         row = [self.row_term] if self.row_term is not None else []
-        return [*self.key_value_terms, *scaling, *self.additive_terms, *self.token_difference_terms, *row]
+        content = [self.content_term] if self.content_term is not None else []
+        return [*content, *self.key_value_terms, *scaling, *self.additive_terms, *self.token_difference_terms, *row,
+                *self.logit_matrix_terms]
 
     def all_terms(self) -> List[PositionTerm]:
         """Every term of the layer, of every kind, in the kernel's order."""
-        single = [self.projection_term, *self.query_key_terms, *self.score_terms(), self.post_softmax_term]
+        single = [self.projection_term, *self.query_key_terms, *self.score_terms(), self.normalisation_term,
+                  self.post_softmax_term]
         return [term for term in single if term is not None]
 
     def needs_matrix(self) -> bool:
-        """A term needs the attention matrix itself: a post-softmax transform, a value term or a row-dependent
-        bias."""
+        """A term needs the attention matrix itself: a post-softmax transform, a value term, a row-dependent
+        bias or a normalisation in place of the softmax."""
         return (self.post_softmax_term is not None or self.row_term is not None
+                or self.normalisation_term is not None
+                or self.content_term is not None or len(self.logit_matrix_terms) > 0
                 or any(term.values for term in self.key_value_terms))
 
     def fusable(self) -> bool:
@@ -233,6 +259,28 @@ class PositionKernel(nn.Module):
         None: a full pass)."""
         earlier = [None] * len(self.token_difference_terms) if earlier is None else earlier
         return [term.token_values(x, ctx, cached) for term, cached in self.with_values(earlier)]
+
+    def reads_layer_input(self) -> bool:
+        """A term computes values from the layer's input ``x`` (a token-difference or a content-logits term)."""
+        return len(self.token_difference_terms) > 0 or self.content_term is not None
+
+    def content_of(self, q: Tensor, k: Tensor, ctx: PositionContext, x: Optional[Tensor],
+                   state: Optional[MutableMapping[str, Tensor]]) -> Tuple[Optional[Tensor], Optional[Tensor]]:
+        """The content-logits term's logits of ``q`` (the current tokens') and ``k`` (every token's), and in decoding
+        (``state`` given, its own state updated) the keys to cache; ``(None, None)`` for a layer without one."""
+        term = self.content_term
+        if term is None:
+            return None, None
+        earlier = None if state is None or "prev_key" not in state else state.get(term.cache_key)
+        if earlier is None and q.size(2) < k.size(2):
+            raise ValueError(f"{self.where}: {q.size(2)} queries after {k.size(2) - q.size(2)} cached keys without "
+                             f"the content term's state ({term.cache_key}): decode with the layer's whole decoding "
+                             "state")
+        term_values, kept_state = term.token_values(x, ctx, earlier)
+        logits, keys = term.content_logits(q, k, term_values, keep_keys=state is not None)
+        if state is not None:
+            state[term.cache_key] = kept_state
+        return logits, keys
 
     def with_values(self, values: Sequence[Any]) -> Iterator[Tuple[TokenDifferenceBias, Any]]:
         """The token-difference terms paired with ``values``, one each (a missing one would drop a bias)."""
@@ -259,8 +307,9 @@ class PositionKernel(nn.Module):
         if kernel == "explicit":
             return EXPLICIT, "--attention-kernel explicit"
         if self.needs_matrix():
-            return EXPLICIT, ("a term needs the attention matrix (a post-softmax transform, a value term or a "
-                              "row-dependent bias)")
+            return EXPLICIT, ("a term needs the attention matrix (a post-softmax transform, a value term, a "
+                              "row-dependent bias, a normalisation in place of the softmax or a logit-matrix "
+                              "transform)")
         possible = (flex_attention is not None and self.pointwise and not decoding
                     and not (self.training and self.dropout_module.p > 0)
                     and (device.type == "cuda" or not torch.is_grad_enabled()))  # no backward on the CPU
@@ -330,10 +379,11 @@ class PositionKernel(nn.Module):
             v = torch.cat([state["prev_value"], v], dim=2)
             history = state.get("prev_attn_rows")
             earlier = [state.get(token_values_key(i)) for i in range(len(earlier))]
-        if self.token_difference_terms and x is None:
-            raise ValueError(f"{self.where}: a token-difference term computes its values from the layer input: "
-                             "pass it (x)")
+        if self.reads_layer_input() and x is None:
+            raise ValueError(f"{self.where}: a token-difference or content-logits term computes its values from the "
+                             "layer input: pass it (x)")
         values = self.token_values(x, ctx, earlier) if self.token_difference_terms else []
+        content, kept_keys = self.content_of(q, k, ctx, x, state)
 
         path, reason = self.path(need_weights, q.device, decoding=state is not None, kernel=kernel)
         form = self.sdpa_form(ctx, q.size(2), k.size(2)) if path == SDPA else None
@@ -343,14 +393,15 @@ class PositionKernel(nn.Module):
         self._log_path(path, reason)
         softmax = probs = rows = None
         if path == EXPLICIT:
-            out, softmax, probs, rows = self._attend_explicitly(q, k, v, ctx, attn_mask, history, values)
+            out, softmax, probs, rows = self._attend_explicitly(q, k, v, ctx, attn_mask, history, values, state=state,
+                                                                content=content)
         elif path == FLEX:
             out = self._attend_flex(q, k, v, ctx, values)
         else:
             out = self._attend_fused(q, k, v, ctx, values)
 
         if state is not None:
-            state["prev_key"], state["prev_value"] = k, v
+            state["prev_key"], state["prev_value"] = k if kept_keys is None else kept_keys, v
             if rows is not None:
                 state["prev_attn_rows"] = rows
             for i, token_values in enumerate(values):
@@ -365,9 +416,10 @@ class PositionKernel(nn.Module):
         """The ``(batch, heads, tgt_len, head_dim)`` output of ``path`` without dropout (the self-check's
         comparison; ``q`` scaled and transformed, ``k`` and ``v`` of every key, ``x`` the layer input
         ``(tgt_len, batch, embed_dim)`` that the token-difference terms read, None for a layer without them)."""
-        values = [] if x is None else self.token_values(x, ctx)
+        values = self.token_values(x, ctx) if self.token_difference_terms else []
         if path == EXPLICIT:
-            return self._attend_explicitly(q, k, v, ctx, attn_mask, None, values, dropout=False)[0]
+            content = self.content_of(q, k, ctx, x, None)[0]
+            return self._attend_explicitly(q, k, v, ctx, attn_mask, None, values, dropout=False, content=content)[0]
         if path == FLEX:
             return self._attend_flex(q, k, v, ctx, values)
         return self._attend_fused(q, k, v, ctx, values, dropout=False)
@@ -441,16 +493,20 @@ class PositionKernel(nn.Module):
         return out[:, :, :tgt_len]
 
     def explicit_logits(self, q: Tensor, k: Tensor, ctx: PositionContext, attn_mask: Optional[Tensor],
-                        values: Sequence[Tensor]) -> Tensor:
-        """Steps 2-5 written out: ``(batch, heads, tgt_len, src_len)`` logits, -inf where masked."""
+                        values: Sequence[Tensor], state: Optional[MutableMapping[str, Tensor]] = None,
+                        content: Optional[Tensor] = None) -> Tensor:
+        """Steps 2-5 written out: ``(batch, heads, tgt_len, src_len)`` logits, -inf where masked (``state``: the
+        decoding state, which a logit-matrix term continues from and updates; None outside decoding; ``content``:
+        the content-logits term's logits, in place of ``q k^T``)."""
         tgt_len, src_len = q.size(2), k.size(2)
         # the logits are a fresh tensor (as is the scaling term's result, in fp32) that no backward
         # pass needs: the terms and masks go in place, without another (tgt_len x src_len) tensor
-        logits = torch.matmul(q, k.transpose(-1, -2))
+        logits = torch.matmul(q, k.transpose(-1, -2)) if content is None else content
         for term in self.key_value_terms:
             logits.add_(term.key_logits(q, ctx, tgt_len, src_len))
         if self.scaling_term is not None:
             logits = self.scaling_term(logits, ctx)
+        content_logits = logits.clone() if any(term.reads_bias for term in self.logit_matrix_terms) else None
         for bias in self.biases(ctx, values, tgt_len, src_len):
             logits.add_(same_dtype(bias, logits.dtype))
         if attn_mask is None and ctx.causal and tgt_len > 1:  # the context's causal mask
@@ -458,24 +514,55 @@ class PositionKernel(nn.Module):
         if attn_mask is not None:
             logits.add_(same_dtype(attn_mask, logits.dtype))
         logits.masked_fill_(ctx.key_padding_4d(tgt_len), float("-inf"))
-        if self.row_term is None:
-            return logits
-        return logits + same_dtype(self.row_term(logits, q, ctx), logits.dtype)  # -inf stays -inf
+        if self.row_term is not None:
+            logits = logits + same_dtype(self.row_term(logits, q, ctx), logits.dtype)  # -inf stays -inf
+        if self.logit_matrix_terms:
+            logits = self.transformed_matrix(logits, ctx, state, content_logits)
+        return logits
+
+    def transformed_matrix(self, logits: Tensor, ctx: PositionContext, state: Optional[MutableMapping[str, Tensor]],
+                           content_logits: Optional[Tensor]) -> Tensor:
+        """Step 5's last: each logit-matrix term on every head's masked ``logits`` at once, in order, each handed them
+        zero where they are -inf (a key a query may not see) and masked again there after it; those that read them
+        get the content logits ``content_logits`` and the sum of the additive biases. In decoding each continues from
+        the rows it cached (``state[logit_rows_key(i)]``, batch first) and caches its new ones."""
+        tgt_len, src_len = logits.shape[-2:]
+        masked = torch.isneginf(logits)
+        parts = None
+        if content_logits is not None:
+            bias = sum(same_dtype(term.bias(ctx, tgt_len, src_len), content_logits.dtype)
+                       for term in self.additive_terms)
+            parts = LogitParts(content_logits, bias)
+        for index, term in enumerate(self.logit_matrix_terms):
+            history = None if state is None else state.get(logit_rows_key(index))
+            out, rows = term(logits.masked_fill(masked, 0.0), ctx, history, parts)
+            logits = same_dtype(out, logits.dtype).masked_fill(masked, float("-inf"))
+            if state is not None and rows is not None:
+                state[logit_rows_key(index)] = rows
+        return logits
 
     def _attend_explicitly(
         self, q: Tensor, k: Tensor, v: Tensor, ctx: PositionContext,
         attn_mask: Optional[Tensor], history: Optional[Tensor], values: Sequence[Tensor], dropout: bool = True,
+        state: Optional[MutableMapping[str, Tensor]] = None,
+        content: Optional[Tensor] = None,
     ) -> Tuple[Tensor, Tensor, Tensor, Optional[Tensor]]:
         """Steps 2-7: the output, the softmax S, the weights that multiply V (S after the post-softmax
         transform; S itself without one) and the rows to cache for the transform's next step."""
         tgt_len, src_len = q.size(2), k.size(2)
-        logits = self.explicit_logits(q, k, ctx, attn_mask, values)
-        softmax = same_dtype(torch.softmax(logits, dim=-1, dtype=at_least_fp32(logits.dtype)), v.dtype)  # as fairseq
+        logits = self.explicit_logits(q, k, ctx, attn_mask, values, state, content)
+        if self.normalisation_term is None:  # the softmax in fp32 at least, as fairseq's
+            softmax = same_dtype(torch.softmax(logits, dim=-1, dtype=at_least_fp32(logits.dtype)), v.dtype)
+        else:  # the layer's normalisation in place of the softmax
+            softmax = same_dtype(self.normalisation_term(logits, ctx), v.dtype)
 
         probs, rows = softmax, None
+        for term in self.logit_matrix_terms:  # every head's weights at once (a mixing of heads), where a term does
+            if term.transforms_weights:
+                probs = same_dtype(term.weights(probs, ctx), softmax.dtype)
         if self.post_softmax_term is not None:
             # the softmax gave blocked keys zero weight already; padded query rows get zeros too
-            probs = softmax.masked_fill(ctx.query_padding_mask(tgt_len)[:, None, :, None], 0.0)
+            probs = probs.masked_fill(ctx.query_padding_mask(tgt_len)[:, None, :, None], 0.0)
             blocked = ctx.prepared(BlockedEntries(tgt_len, src_len))
             probs, rows = self.post_softmax_term(probs, blocked, ctx, history)
 
@@ -491,6 +578,12 @@ def computed_dtype(q: Tensor) -> torch.dtype:
     dtype, which the self-check then compares in, with its tolerance."""
     autocast = autocast_dtype(q.device.type) if q.dtype == torch.float32 else None
     return q.dtype if autocast is None else autocast
+
+
+def logit_rows_key(index: int) -> str:
+    """The decoding state's key of the rows that the layer's ``index``-th logit-matrix term cached (batch first, so
+    that fairseq's reordering for beam search reorders them)."""
+    return f"prev_logit_rows_{index}"
 
 
 def token_values_key(index: int) -> str:

@@ -1,7 +1,8 @@
 """The decoding cache of one self-attention layer, for plain PyTorch models.
 
 The kernel's decoding state (:mod:`posattn.attention`: the keys and values so far, the rows a post-softmax
-transform continues from, the token-difference terms' values) is a dictionary of batch-first tensors; a
+transform continues from, the token-difference terms' values; a content-logits term's keys carried to the last token
+and its own state) is a dictionary of batch-first tensors; a
 :class:`DecodingCache` holds it for one layer and one batch of sequences, with the padding mask of every token
 so far, and reorders both for beam search. Its first use binds it to its layer: another layer, another batch
 size or a bidirectional layer is refused (:meth:`DecodingCache.check_use`), since its state would be computed

@@ -11,13 +11,14 @@ The first time a configuration takes a fused path in a process, :func:`fused_pat
 path and the explicit path on a random batch of awkward lengths (:data:`CHECK_LENGTHS`, padded as the
 side pads, with the side's causality and the side data its terms need) and compares the outputs and, for a
 layer in training mode, the gradients of the queries, keys, values, the layer input (where a token-difference
-bias computes its values from it) and every learned position parameter the path reads, with a tolerance by
-dtype. A configuration is everything the kernels see: the layer's terms and their sizes, the path (with the SDPA
-path's form: its causal kernel, no mask, a boolean or a float mask), which tokens are queries (all, the last one,
-several after cached keys), dtype, device, causality, padding side (or no pad at all) and training mode; the
-check's batch is shaped so (the same form), and the layers of one configuration share one check. A fused path
-that fails to run (a compilation error, such as Triton's "No valid triton configs" where the kernel needs more shared memory than the GPU
-has) counts as a mismatch. On a mismatch or a non-finite value, ``--{side}-attention-self-check``:
+bias computes its values from it) and every learned position parameter the path reads (each against the largest
+gradient of its module's parameters), with a tolerance by dtype. A configuration is everything the kernels see:
+the layer's terms and their sizes, the path (with the SDPA path's form: its causal kernel, no mask, a boolean or
+a float mask), which tokens are queries (all, the last one, several after cached keys), dtype, device, causality,
+padding side (or no pad at all) and training mode; the check's batch is shaped so (the same form), and the layers
+of one configuration share one check. A fused path that fails to run (a compilation error, such as Triton's
+"No valid triton configs" where the kernel needs more shared memory than the GPU has) counts as a mismatch. On a
+mismatch or a non-finite value, ``--{side}-attention-self-check``:
 
 - ``warn`` (default): one warning line (torch and CUDA versions, the layer, the path, the largest
   error) and the configuration takes the explicit path for the rest of the process;
@@ -64,7 +65,8 @@ class Comparison:
 
     Attributes:
         errors: per compared tensor (``output``, ``grad q``, ``grad <term>.<parameter>``, ...), the largest
-            absolute difference relative to the largest magnitude of the explicit path's tensor; ``inf``
+            absolute difference relative to the largest magnitude of the explicit path's tensor (for a learned
+            parameter, of its module's parameters' gradients: :func:`module_scales`); ``inf``
             where either path gave a non-finite value.
         tolerance: the largest relative error allowed for the dtype.
         seconds: the time both paths and the comparison took.
@@ -95,13 +97,28 @@ class Comparison:
         return f"largest relative error {error:.1e} in {name} (tolerance {self.tolerance:.0e})"
 
 
-def relative_error(got: Tensor, expected: Tensor) -> float:
-    """``max |got - expected| / max |expected|`` in fp64; ``inf`` where either has a non-finite value."""
+def relative_error(got: Tensor, expected: Tensor, scale: Optional[Tensor] = None) -> float:
+    """``max |got - expected| / scale`` in fp64, ``scale`` by default ``max |expected|``; ``inf`` where either has a
+    non-finite value."""
     got, expected = got.detach().double(), expected.detach().double()
     if not (torch.isfinite(got).all() and torch.isfinite(expected).all()):
         return float("inf")
-    scale = expected.abs().max().clamp(min=torch.finfo(torch.float32).tiny)
+    scale = (expected.abs().max() if scale is None else scale).clamp(min=torch.finfo(torch.float32).tiny)
     return float((got - expected).abs().max() / scale) if expected.numel() else 0.0
+
+
+def module_scales(names: List[str], gradients: List[Tensor]) -> Dict[str, Tensor]:
+    """The largest magnitude among the gradients of each module's parameters (``<module>.<parameter>`` names),
+    the scale a parameter's gradient error is measured against. A parameter's own magnitude would not do: one
+    whose exact gradient is zero, such as the output bias of a bias network (a constant per head added to every
+    logit of a row, which the softmax cancels), leaves both paths with rounding noise only, and noise against
+    noise reads as a relative error near 1."""
+    scales: Dict[str, Tensor] = {}
+    for name, gradient in zip(names, gradients):
+        module = name.split(".")[0]
+        largest = gradient.detach().double().abs().max() if gradient.numel() else torch.zeros((), dtype=torch.float64)
+        scales[module] = largest if module not in scales else torch.maximum(scales[module], largest)
+    return scales
 
 
 def check_lengths(attn: nn.Module) -> Tuple[int, ...]:
@@ -133,11 +150,22 @@ def queries_of(rows: str, length: int) -> int:
     return {"all": length, "last": 1, "some": (length + 1) // 2}[rows]
 
 
+def query_key_size(attn: nn.Module, device: torch.device, dtype: torch.dtype) -> int:
+    """The size of a query or key after the query/key transforms of ``attn`` (a transform may change it: the paths
+    then multiply queries and keys of another size than the values): theirs of one zero key at position 0."""
+    probe = torch.zeros(1, attn.num_heads, 1, attn.head_dim, device=device, dtype=dtype)
+    with torch.no_grad():
+        for term in attn.query_key_terms:
+            probe = term(probe, probe, PositionContext.unpadded(1, device))[1]
+    return probe.size(-1)
+
+
 def compare_paths(attn: nn.Module, path: str, ctx: PositionContext, dtype: torch.dtype, gradients: bool,
                   seed: int = 0, rows: str = "all") -> Comparison:
     """Run ``path`` and the explicit path of ``attn`` on random queries, keys and values of the batch
     ``ctx`` describes, and compare the outputs of the real query rows and, with ``gradients``, the
-    gradients of q, k, v and of the learned position parameters (of a random projection of the output).
+    gradients of q, k, v and of the learned position parameters (of a random projection of the output; a
+    parameter's against the largest gradient of its module's parameters, :func:`module_scales`).
     ``rows``: which tokens are queries (:func:`query_rows`; the keys are every token)."""
     start = time.perf_counter()
     device, (batch, length) = ctx.padding_mask.device, ctx.padding_mask.shape
@@ -147,14 +175,16 @@ def compare_paths(attn: nn.Module, path: str, ctx: PositionContext, dtype: torch
     def draw(*shape: int) -> Tensor:
         return torch.randn(*shape, generator=generator, dtype=torch.float32).to(device=device, dtype=dtype)
 
-    qkv = [draw(batch, attn.num_heads, n, attn.head_dim).requires_grad_(gradients) for n in (queries, length, length)]
+    sizes = [query_key_size(attn, device, dtype)] * 2 + [attn.head_dim]  # as the query/key transforms leave them
+    qkv = [draw(batch, attn.num_heads, n, size).requires_grad_(gradients)
+           for n, size in zip((queries, length, length), sizes)]
     qkv[0] = qkv[0].detach().mul_(attn.head_dim ** -0.5).requires_grad_(gradients)  # scaled, as projected
     real_rows = ~ctx.query_padding_mask(queries)[:, None, :, None]
     weights = draw(batch, attn.num_heads, queries, attn.head_dim).masked_fill(~real_rows, 0)
     attn_mask = causal_mask(length, dtype, device)[length - queries:] if ctx.causal and queries > 1 else None
     parameters = attn.learned_position_parameters()
-    # the layer input, only where token-difference terms make their values of it
-    layer_input = draw(length, batch, attn.embed_dim).requires_grad_(gradients) if attn.token_difference_terms else None
+    # the layer input, only where token-difference or content-logits terms make their values of it
+    layer_input = draw(length, batch, attn.embed_dim).requires_grad_(gradients) if attn.reads_layer_input() else None
     inputs = [*qkv, *([] if layer_input is None else [layer_input]), *(parameter for _, parameter in parameters)]
     names = ["q", "k", "v", *([] if layer_input is None else ["x"]), *(name for name, _ in parameters)]
 
@@ -176,7 +206,8 @@ def compare_paths(attn: nn.Module, path: str, ctx: PositionContext, dtype: torch
             return Comparison({}, tolerance, time.perf_counter() - start, failure)
         explicit = run(attn.reference_path)
     errors = {"output": relative_error(fused[0], explicit[0])}
-    errors.update((f"grad {name}", relative_error(got, expected))
+    scales = module_scales(names, explicit[1:])  # q, k, v and x are modules of their own
+    errors.update((f"grad {name}", relative_error(got, expected, scales[name.split(".")[0]]))
                   for name, got, expected in zip(names, fused[1:], explicit[1:]))
     return Comparison(errors, tolerance, time.perf_counter() - start)
 

@@ -12,7 +12,7 @@ from posattn.position_options import SidePositionOptions, check_count, layer_opt
 
 
 def position_method(num_heads: int, head_dim: int, *, causal: bool = False, dropout: float = 0.0,
-                    options: Optional[SidePositionOptions] = None, layer_index: int = 0,
+                    options: Optional[SidePositionOptions] = None, layer_index: Optional[int] = None,
                     max_positions: Optional[int] = None, **method_options: Any) -> PositionKernel:
     """The position method of one attention layer of ``num_heads`` heads of ``head_dim``: a module holding its
     terms (their parameters, where they learn), to pass to :func:`~posattn.functional.position_attention`.
@@ -31,10 +31,12 @@ def position_method(num_heads: int, head_dim: int, *, causal: bool = False, drop
 
 def check_sizes(num_heads: Any, dropout: Any, layer_index: Any, **sizes: Any) -> None:
     """Refuse a layer's sizes (``num_heads`` and ``sizes``, e.g. ``embed_dim``) that are not positive integers, a
-    ``dropout`` outside [0, 1) and a negative or non-integer ``layer_index``."""
+    ``dropout`` outside [0, 1) and a negative or non-integer ``layer_index`` (None: not given)."""
     for name, value in (("num_heads", num_heads), *sizes.items()):
         check_count(name, value)
     if isinstance(dropout, bool) or not isinstance(dropout, numbers.Real) or not 0 <= dropout < 1:
         raise ArgumentError(f"dropout must be a probability in [0, 1), got {dropout!r}")
+    if layer_index is None:
+        return
     if isinstance(layer_index, bool) or not isinstance(layer_index, numbers.Integral) or layer_index < 0:
         raise ArgumentError(f"layer_index must be the layer's 0-based index (an integer >= 0), got {layer_index!r}")

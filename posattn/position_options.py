@@ -53,7 +53,7 @@ class OptionTypeError(PositionOptionError, TypeError):
     """An option the side does not take, or a value of another type than the command line's (a flag given
     ``"False"``, an integer option ``2.5``)."""
 
-#: the options of the side itself (its kernel, its checkpoints), not of a method
+#: the options of the side itself (its kernel, its layers' methods, its checkpoints), not of a method
 KERNEL_OPTIONS = (
     MethodOption("attention_kernel", "auto",
                  "kernel of the {what}: auto (fairseq's fused attention or SDPA where the position terms "
@@ -65,11 +65,24 @@ KERNEL_OPTIONS = (
                  "process, compare it with the explicit path on a random batch (outputs and, in training, "
                  "gradients): on a mismatch warn and take the explicit path from then on, stop with an error, "
                  "or do not check (off)", choices=SELF_CHECK_CHOICES),
+    MethodOption("layer_methods", "",
+                 "the methods of each layer of the {what}, as comma-separated entries repeated over the side's "
+                 "layers: layer l takes entry l mod their number, a side of another number of layers cut at its "
+                 "last (with M and N two methods, M,M,M,none is M in layers 0-2, none in layer 3, M in 4-6...); "
+                 "an entry is registered method names joined by + (M+N), or none; each method named must be "
+                 "switched on by its own options, and each method on must be named in some layer; empty: every "
+                 "method on in every layer"),
     MethodOption("reset_position_options", False,
                  "load weights whose model was trained with other options that change what it computes (the "
                  "position options of the {what}, position embeddings, ...; fine-tuning one method from "
                  "another); refused otherwise, so that a resumed checkpoint never silently becomes another model"),
 )
+
+
+#: ``layer_methods``' syntax: what separates its entries, what joins an entry's methods, the entry of no method
+LAYER_SEPARATOR, METHOD_JOINER, NO_METHOD = ",", "+", "none"
+#: the width at which a method's input position embedding is built to ask whether the options give one
+PROBE_WIDTH = 4
 
 
 def side_options(side: str) -> List[MethodOption]:
@@ -108,6 +121,8 @@ class SidePositionOptions:
         #: the methods these (fixed) values switch on, and whether a term keeps parameters per position
         self._methods = tuple(method for method in methods_of(side) if method.is_on(self))
         self._needs_max_positions = any(method.needs_max_positions(self) for method in self._methods)
+        #: ``layer_methods`` parsed: the method names of each entry (() for none); () when every layer takes all
+        self._layer_pattern = self._parsed_layer_methods()
 
     def __getattr__(self, name: str) -> Any:
         values = self.__dict__.get("values", {})
@@ -146,6 +161,88 @@ class SidePositionOptions:
             method.validate(self)
         if self.needs_max_positions() and self.max_positions < 1:
             raise PositionOptionError(f"{self.max_positions_option} must be positive, got {self.max_positions}")
+        self._check_layer_methods()
+
+    def _parsed_layer_methods(self) -> Tuple[Tuple[str, ...], ...]:
+        """``layer_methods`` as the method names of each entry (() for ``none``), or () when it is empty; a name
+        that is no method of the side, an empty entry, ``none`` joined to a method or a method named twice in an
+        entry is refused."""
+        text = self.values["layer_methods"].strip()
+        if not text:
+            return ()
+        said = f"{self.flag('layer_methods')} {text}"
+        pattern = []
+        for position, entry in enumerate(text.split(LAYER_SEPARATOR)):
+            names = tuple(name.strip() for name in entry.split(METHOD_JOINER))
+            if names == (NO_METHOD,):
+                pattern.append(())
+                continue
+            for name in names:
+                if name not in {method.name for method in methods_of(self.side)}:
+                    raise PositionOptionError(f"{said}: entry {position} ({entry.strip()!r}) "
+                                              f"{self._not_a_method(name)}")
+            if len(set(names)) < len(names):
+                raise PositionOptionError(f"{said}: entry {position} ({entry.strip()!r}) names a method twice")
+            pattern.append(names)
+        return tuple(pattern)
+
+    def _not_a_method(self, name: str) -> str:
+        """Why ``name`` cannot be in an entry of ``layer_methods``, and what can."""
+        if not name:
+            return f"is empty: an entry is method names joined by {METHOD_JOINER}, or {NO_METHOD}"
+        if name == NO_METHOD:
+            return f"joins {NO_METHOD} (a layer without a method) to a method: write one or the other"
+        taking = REGISTRY.get(name)
+        if taking is not None:
+            return (f"names {name}, a method of {' and '.join(CAUSALITY[side] for side in taking.sides)} sides "
+                    f"only, not of this {CAUSALITY[self.side]} ({self.side}) one")
+        names = [method.name for method in methods_of(self.side)]
+        close = difflib.get_close_matches(name, names, n=3)
+        nearest = f" (nearest: {', '.join(close)})" if close else ""
+        return (f"names {name!r}, which is no registered method{nearest}; the {self.side}'s are "
+                f"{', '.join(names)}, or {NO_METHOD}")
+
+    def _check_layer_methods(self) -> None:
+        """Refuse ``layer_methods`` beside a method that gives the side's input a position embedding (which every
+        layer reads), naming a method that is off, or naming no layer for a method that is on (it would be
+        unused)."""
+        if not self._layer_pattern:
+            return
+        said = f"{self.flag('layer_methods')} {self.layer_methods}"
+        for method in self._methods:
+            if method.input_embedding(self, PROBE_WIDTH, 0, True) is not None:
+                raise PositionOptionError(
+                    f"{said}: {method.asked_by(self)} gives the side's input a position embedding, which every "
+                    "layer reads and no layer can leave out; drop one of the two")
+        named = {name for entry in self._layer_pattern for name in entry}
+        for method in methods_of(self.side):
+            if method.name in named and method not in self._methods:
+                raise PositionOptionError(f"{said} names {method.name}, which is off: switch it on with its own "
+                                          f"options ({self.flag(method.options[0].name)} ...), or name it nowhere")
+        for method in self._methods:
+            if method.name not in named:
+                raise PositionOptionError(f"{said} names {method.name} in no layer, where {method.asked_by(self)} "
+                                          "switches it on (it would be unused): name it in some layer's entry, "
+                                          "or switch it off")
+
+    def methods_of_layer(self, layer_index: int) -> List[PositionMethod]:
+        """The methods on in layer ``layer_index`` (0-based), in registration order: every method on, or those
+        that ``layer_methods``' entry of the layer names (the entries repeated as a period)."""
+        if not self._layer_pattern:
+            return self.methods()
+        entry = self._layer_pattern[layer_index % len(self._layer_pattern)]
+        return [method for method in self._methods if method.name in entry]
+
+    def check_layer_count(self, num_layers: int) -> None:
+        """Refuse ``layer_methods`` that names a method on only in entries past the side's ``num_layers`` layers
+        (it would be unused); a front-end that knows the number calls it once it has built them."""
+        used = {method.name for index in range(num_layers) for method in self.methods_of_layer(index)}
+        for method in self._methods:
+            if method.name not in used:
+                raise PositionOptionError(
+                    f"{self.flag('layer_methods')} {self.layer_methods} names {method.name} only past the side's "
+                    f"{num_layers} layers (entries 0 to {num_layers - 1}), where {method.asked_by(self)} "
+                    "switches it on (it would be unused): name it in an entry of theirs, or switch it off")
 
     def needs_context(self) -> bool:
         """True when some method is on: the side then runs its own layer loop with a per-batch
@@ -196,18 +293,39 @@ class SidePositionOptions:
                               where=f"{self.side} self-attention, layer {layer_index}", causal=self.causal,
                               max_positions=self.max_positions)
         layer = LayerSpec(layer_index, num_heads, head_dim, self.shared)
-        for method in self.methods():
-            for term in method.terms(self, layer):
+        for method in self.methods_of_layer(layer_index):
+            built = method.terms(self, layer)
+            if self._layer_pattern and not built:
+                raise PositionOptionError(
+                    f"{self.flag('layer_methods')} {self.layer_methods} names {method.name} in layer {layer_index}, "
+                    f"for which its own options ({method.asked_by(self)} ...) build no term (the method chooses its "
+                    "layers): let its options give it every layer, or leave it out of that layer's entry")
+            for term in built:
                 terms.add(term)
+        readers = [term for term in terms.logit_matrix if term.reads_bias]
+        if readers and not terms.additive:
+            raise PositionOptionError(
+                f"{method_of(readers[0]).asked_by(self)} reads the additive biases of the logits, and layer "
+                f"{layer_index} of the {self.side} self-attention has none: turn on a method that adds a bias (an "
+                "additive bias, docs/design.md's kinds of term) in that layer")
         if self.attention_kernel == "flex":
             self._check_flex(terms)
         return terms
 
-    def build_layer(self, layer_index: int, num_heads: int, head_dim: int) -> Tuple[PositionTerms, Dict[str, Any]]:
+    def build_layer(self, layer_index: Optional[int], num_heads: int,
+                    head_dim: int) -> Tuple[PositionTerms, Dict[str, Any]]:
         """:meth:`build_terms`, and the side-wide modules (:attr:`shared`) that this layer's terms made, by name:
         the first layer to read one makes it, and a model registers it there, once. With side-wide modules, the
         options belong to one model of one layer size: a layer index built twice (a second model) or a layer of
-        other sizes is refused (it would read modules that another model registers, or of other sizes)."""
+        other sizes is refused (it would read modules that another model registers, or of other sizes).
+        ``layer_index`` None (not given) is layer 0, and refused with ``layer_methods`` (every layer would be
+        layer 0)."""
+        if layer_index is None:
+            if self._layer_pattern:
+                raise MisuseError(f"layer_methods={self.layer_methods!r} gives the {self.side}'s layers different "
+                                  "methods, but the layer was built without its layer_index: give each layer its "
+                                  "0-based layer_index=i")
+            layer_index = 0
         self._check_layer(layer_index, num_heads, head_dim)
         before = set(self.shared)
         terms = self.build_terms(layer_index, num_heads, head_dim)
@@ -238,6 +356,14 @@ class SidePositionOptions:
             raise PositionOptionError(f"{self.flag('attention_kernel')} flex: "
                                       f"{method_of(terms.row_dependent).asked_by(self)} computes its bias from the "
                                       "whole attention row; use auto or explicit")
+        if terms.content is not None:
+            raise PositionOptionError(f"{self.flag('attention_kernel')} flex: "
+                                      f"{method_of(terms.content).asked_by(self)} computes the content logits itself "
+                                      "(it has no pointwise form); use auto or explicit")
+        if terms.logit_matrix:
+            raise PositionOptionError(f"{self.flag('attention_kernel')} flex: "
+                                      f"{method_of(terms.logit_matrix[0]).asked_by(self)} transforms every head's "
+                                      "matrix of logits at once; use auto or explicit")
         needs_matrix = [term for term in (terms.post_softmax, *terms.key_value)
                         if term is not None and (term is terms.post_softmax or term.values)]
         if needs_matrix:

@@ -39,7 +39,8 @@ class SelfAttention(PositionKernel):
         bias: the projections have biases.
         options: the side's options, shared by the model's layers (:func:`position_options`); None: built from
             ``causal``, ``max_positions`` and ``method_options``.
-        layer_index: the layer's 0-based index (methods that skip layers or number them read it).
+        layer_index: the layer's 0-based index, read by the methods that skip layers or number them and by
+            ``layer_methods`` (each layer's methods); None (not given): 0, refused with ``layer_methods``.
         max_positions: t, the longest sequence that terms keeping parameters per position take (None: 1024, or
             the ``options``' own).
         method_options: the method's options by their command-line names without the side
@@ -49,7 +50,7 @@ class SelfAttention(PositionKernel):
     """
 
     def __init__(self, embed_dim: int, num_heads: int, *, causal: bool = False, dropout: float = 0.0,
-                 bias: bool = True, options: Optional[SidePositionOptions] = None, layer_index: int = 0,
+                 bias: bool = True, options: Optional[SidePositionOptions] = None, layer_index: Optional[int] = None,
                  max_positions: Optional[int] = None, **method_options: Any):
         check_sizes(num_heads, dropout, layer_index, embed_dim=embed_dim)
         if embed_dim % num_heads:

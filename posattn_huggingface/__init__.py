@@ -1,5 +1,7 @@
-"""Position methods in Hugging Face transformers models: one call turns a Llama, GPT-2 or BERT model into the same
-model with a position method, through transformers' own extension points (no patch of its functions).
+"""Position methods in Hugging Face transformers models: one call turns a model of a family the front-end takes
+(``families.FAMILIES``: Llama, GPT-2, BERT, Qwen2, Qwen3, Mistral, Gemma 2 and 3, Phi-3, OLMo-2, GPT-NeoX, RoBERTa,
+ModernBERT) into the same model with a position method, through transformers' own extension points (no patch of its
+functions).
 
 :func:`apply_position_method` gives every self-attention module of the model its layer's method
 (:func:`posattn.position_method`, all built from one :func:`posattn.position_options` of the model, so that
@@ -12,7 +14,8 @@ attention with its method. :func:`from_pretrained` loads a model that ``save_pre
 (recorded in ``config.json`` with the implementation, which transformers' own ``from_pretrained`` refuses where this
 package has not registered it).
 
-A file per job: ``families`` (the models taken and how each turns its own positions off), ``switch`` (the one
+A file per job: ``families`` (the models taken and how each turns its own positions off), ``layer_features`` (what
+a family's layers bring beside q, k and v: sliding windows, logit soft-capping), ``switch`` (the one
 call, the registration, the record), ``mask_function``, ``attention_function`` (with the forward pre-hook),
 ``decoding_state`` (the method's state in transformers' cache), ``static_cache`` (generation with a static cache,
 compiled), ``loading``; ``names`` (what is registered and

@@ -11,6 +11,7 @@ from posattn.position_context import PositionContext
 from posattn_huggingface.compatibility import cache_argument
 from posattn_huggingface.decoding_state import DecodingStateLayer, attend_with_cache, decoding_state_layer, \
     keeps_decoding_state, reads_layer_input
+from posattn_huggingface.layer_features import check_soft_cap, full_cache_layer, windowed
 from posattn_huggingface.mask_function import BatchPositions
 from posattn_huggingface.names import DECODING_STATE, LAYER_INPUT, METHOD_ATTRIBUTE, NEED_WEIGHTS, \
     HuggingFaceRefusal
@@ -30,6 +31,8 @@ def pass_input_and_state(module: nn.Module, args: Tuple[Any, ...],
     if reads_layer_input(method):
         kwargs[LAYER_INPUT] = args[0] if args else kwargs["hidden_states"]
     cache = cache_argument(kwargs)
+    if cache is not None:
+        full_cache_layer(cache, module.layer_idx)  # a sliding window's layer keeps every key (layer_features)
     if cache is not None and keeps_decoding_state(method):
         kwargs[DECODING_STATE] = _state_layer(method, cache, module.layer_idx)
     return args, kwargs
@@ -65,7 +68,9 @@ def method_attention(module: nn.Module, query: Tensor, key: Tensor, value: Tenso
         dropout: transformers' attention dropout; the method's own (the configuration's, in training) applies.
         kwargs: from :func:`pass_input_and_state`: whether to return the weights (:data:`NEED_WEIGHTS`), the layer
             input ``(batch, q_len, hidden)`` (:data:`LAYER_INPUT`) and the cache's layer that keeps the method's
-            decoding state (:data:`DECODING_STATE`), read and updated.
+            decoding state (:data:`DECODING_STATE`), read and updated; from the module: its sliding window
+            (``sliding_window``, composed: the kernel's explicit path on a windowed context) and its logit
+            soft-capping (``softcap``, its method's: :mod:`~posattn_huggingface.layer_features`).
 
     Returns:
         the output ``(batch, q_len, heads, head_dim)`` and, where ``output_attentions`` asks for them, the weights
@@ -79,15 +84,22 @@ def method_attention(module: nn.Module, query: Tensor, key: Tensor, value: Tenso
                                  "with posattn_huggingface.apply_position_method")
     layer = kwargs.get(DECODING_STATE)
     ctx = _checked_context(method, attention_mask, key.size(2), layer)
+    check_soft_cap(method, kwargs.get("softcap"))
+    window = kwargs.get("sliding_window")
+    if window is not None:
+        ctx = windowed(ctx, window, method.where)
     groups = query.size(1) // key.size(1)
     if groups > 1:
         key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
     layer_input = kwargs.get(LAYER_INPUT)
     x = None if layer_input is None else layer_input.transpose(0, 1)
+    if scaling is not None and scaling != query.size(-1) ** -0.5:
+        check_unscaled_query(method, scaling, query.size(-1))
     q = query * (query.size(-1) ** -0.5 if scaling is None else scaling)
     need_weights = bool(kwargs.get(NEED_WEIGHTS))
     if not isinstance(ctx, BatchPositions):
-        out, weights = attend_with_cache(method, q, key, value, ctx, layer, x, need_weights)
+        out, weights = attend_with_cache(method, q, key, value, ctx, layer, x, need_weights,
+                                         kernel="explicit" if window is not None else None)
     elif ctx.step_index is not None:  # a decoding step over a static cache's buffers
         out, weights = attend_static_step(method, q, key, value, ctx, layer, x, need_weights)
     elif layer is not None:
@@ -96,6 +108,19 @@ def method_attention(module: nn.Module, query: Tensor, key: Tensor, value: Tenso
         out, weights = attend_with_cache(method, q, key[:, :, :ctx.length], value[:, :, :ctx.length], ctx, None, x,
                                          need_weights)
     return out.transpose(1, 2).contiguous(), weights if need_weights else None
+
+
+def check_unscaled_query(method: PositionKernel, scaling: float, head_dim: int) -> None:
+    """Refuse a transform that reads the projected query (undoing ``1/sqrt(head_dim)``) in a model that scales its
+    logits by another ``scaling`` (GPT-2's per-layer scale, Gemma's ``query_pre_attn_scalar``): it would read a
+    query of another size."""
+    for term in method.query_key_terms:
+        if term.reads_unscaled_query:
+            raise HuggingFaceRefusal(
+                f"{method.where}: {type(term).__name__} reads the projected query, undoing the scale "
+                f"1/sqrt({head_dim}), but this model scales its logits by {scaling:.6g}: use a configuration with "
+                "the standard 1/sqrt(head_dim) scale (GPT-2 without scale_attn_by_inverse_layer_idx, Gemma with "
+                "query_pre_attn_scalar = head_dim)")
 
 
 def _checked_context(method: PositionKernel, attention_mask: Any, keys: int,

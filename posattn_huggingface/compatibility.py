@@ -21,8 +21,9 @@ TRANSFORMERS_RANGE: Tuple[str, str] = ("5.13", "6")
 #: and below 2.10 dynamo cannot compile transformers' models for the static cache's generation
 TORCH_MINIMUM = "2.10"
 #: the keyword by which transformers hands a model and its self-attention modules the cache: ``cache`` from 5.24
-#: on (which still takes ``past_key_values``, deprecated), ``past_key_values`` before
-CACHE_KEYWORDS = ("cache", "past_key_values")
+#: on (which still takes ``past_key_values``, deprecated), ``past_key_values`` before; GPT-NeoX's modules take it as
+#: ``layer_past``
+CACHE_KEYWORDS = ("cache", "past_key_values", "layer_past")
 
 
 class TransformersVersionError(UserError, ImportError):

@@ -15,21 +15,24 @@ import torch
 from torch import Tensor
 from transformers.cache_utils import Cache, DynamicLayer
 
-from posattn.attention import PositionKernel, token_values_key
+from posattn.attention import PositionKernel, logit_rows_key, token_values_key
+from posattn.position_terms.base import CONTENT_STATE_PREFIX
 from posattn.position_context import PositionContext
 from posattn_huggingface.names import HuggingFaceRefusal
 
 
 def reads_layer_input(method: PositionKernel) -> bool:
-    """Whether the layer's method reads the attention module's input (a token-difference term: FoX's gates)."""
-    return len(method.token_difference_terms) > 0
+    """Whether the layer's method reads the attention module's input (a token-difference term: FoX's gates; a
+    content-logits term: PaTH's transforms)."""
+    return method.reads_layer_input()
 
 
 def keeps_decoding_state(method: PositionKernel) -> bool:
     """Whether decoding with the method keeps more than the keys and values: the rows a post-softmax transform
     continues from, the token-difference terms' values, the keys a query/key transform transformed (the model's
     are untransformed)."""
-    return method.post_softmax_term is not None or reads_layer_input(method) or len(method.query_key_terms) > 0
+    return (method.post_softmax_term is not None or reads_layer_input(method) or len(method.query_key_terms) > 0
+            or any(term.keeps_rows for term in method.logit_matrix_terms))
 
 
 class DecodingStateLayer(DynamicLayer):
@@ -81,8 +84,14 @@ class DecodingStateLayer(DynamicLayer):
 
     def crop(self, tokens_to_remove: int) -> None:
         """Cut the last ``-tokens_to_remove`` tokens (assisted decoding): the token-difference terms' values are
-        cut with the keys; a convolution's rows cannot be (refused)."""
-        if tokens_to_remove and "prev_attn_rows" in self.state:
+        cut with the keys; a convolution's rows and a content-logits term's carried keys cannot be (refused)."""
+        if tokens_to_remove and any(name.startswith(CONTENT_STATE_PREFIX) for name in self.state):
+            raise HuggingFaceRefusal("a content-logits term's decoding state (PaTH's keys, carried through every later "
+                                     "token's transform) cannot be cut back to fewer tokens: no assisted, speculative "
+                                     "or prompt-lookup decoding with it (generate without assistant_model and "
+                                     "prompt_lookup_num_tokens)")
+        if tokens_to_remove and ("prev_attn_rows" in self.state or any(name.startswith(logit_rows_key(""))
+                                                                       for name in self.state)):
             raise HuggingFaceRefusal("a convolution's decoding state (its last attention rows) cannot be cut back to "
                                      "fewer tokens: no assisted, speculative or prompt-lookup decoding with it "
                                      "(generate without assistant_model and prompt_lookup_num_tokens)")
@@ -119,20 +128,24 @@ def decoding_state_layer(cache: Cache, layer_idx: int) -> DecodingStateLayer:
 def kept_names(method: PositionKernel) -> List[str]:
     """The names of the kernel's decoding state that a cache keeps for ``method`` beside the keys and values."""
     names = ["prev_attn_rows"] if method.post_softmax_term is not None else []
+    names += [method.content_term.cache_key] if method.content_term is not None else []
+    names += [logit_rows_key(i) for i, term in enumerate(method.logit_matrix_terms) if term.keeps_rows]
     return names + [token_values_key(i) for i in range(len(method.token_difference_terms))]
 
 
 def attend_with_cache(method: PositionKernel, q: Tensor, key: Tensor, value: Tensor, ctx: PositionContext,
-                      layer: Optional[DecodingStateLayer], x: Optional[Tensor],
-                      need_weights: bool) -> Tuple[Tensor, Optional[Tensor]]:
+                      layer: Optional[DecodingStateLayer], x: Optional[Tensor], need_weights: bool,
+                      kernel: Optional[str] = None) -> Tuple[Tensor, Optional[Tensor]]:
     """The kernel on the current tokens' ``q`` (scaled, ``(batch, heads, length, head_dim)``). Without a layer
     that keeps the decoding state, ``key`` and ``value`` are every key's, the cached ones first, as the cache
-    joined them; with one, the current tokens', which the kernel joins to the layer's."""
+    joined them; with one, the current tokens', which the kernel joins to the layer's. ``kernel``: the call's
+    kernel choice (None: the layer's)."""
     if layer is None:
         past = key.size(2) - q.size(2)
-        out, _, weights = method.attend(q, key, value, ctx, None, {} if past else None, x, need_weights=need_weights)
+        out, _, weights = method.attend(q, key, value, ctx, None, {} if past else None, x, need_weights=need_weights,
+                                        kernel=kernel)
         return out, weights
     state = layer.kernel_state(method)
-    out, _, weights = method.attend(q, key, value, ctx, None, state, x, need_weights=need_weights)
+    out, _, weights = method.attend(q, key, value, ctx, None, state, x, need_weights=need_weights, kernel=kernel)
     layer.keep(state)
     return out, weights

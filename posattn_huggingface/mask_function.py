@@ -26,6 +26,7 @@ from transformers.masking_utils import bidirectional_mask_function, causal_mask_
 
 from posattn.functional import batch_context
 from posattn.position_context import PositionContext
+from posattn_huggingface.layer_features import WindowMaskPositions, unwindowed, window_mask
 from posattn_huggingface.names import HuggingFaceRefusal
 
 
@@ -63,14 +64,15 @@ def batch_positions(batch_size: int, q_length: int, kv_length: int, q_offset: An
             cache: its length).
         q_offset, kv_offset: where the queries and keys start (the cache's past length, a tensor once a static
             cache is filled; 0).
-        mask_function: transformers' causal or bidirectional mask (any other one, a packed-sequence mask, is
-            refused).
+        mask_function: transformers' causal or bidirectional mask, or either under its sliding-window overlay (the
+            layer applies its window: :mod:`~posattn_huggingface.layer_features`); any other one, a packed-sequence
+            mask, is refused.
         attention_mask: ``(batch, tokens so far)``, 1 at tokens (transformers' padding mask), or None; or the
             context this function made before the forward pass, returned.
     """
-    if isinstance(attention_mask, BatchPositions):
+    if isinstance(attention_mask, (BatchPositions, WindowMaskPositions)):
         return attention_mask
-    causal = _causality(mask_function)
+    causal = _causality(unwindowed(mask_function))
     if kv_offset != 0:
         raise HuggingFaceRefusal("posattn_huggingface takes a DynamicCache (the default), a StaticCache or no cache: "
                                  "the keys must start at the first token")
@@ -83,7 +85,7 @@ def batch_positions(batch_size: int, q_length: int, kv_length: int, q_offset: An
         _check_width(attention_mask, batch_size, length, kv_length)
         ctx = batch_context(attention_mask[:, :length] == 0, causal)
     if kv_length == length:  # every key: no cache, or a dynamic one
-        return ctx
+        return ctx if unwindowed(mask_function) is mask_function else window_mask(ctx)
     made = {f.name: getattr(ctx, f.name) for f in fields(ctx) if f.init and f.name != "memo"}
     return BatchPositions(**made, static_length=kv_length)  # a prompt in a static cache's buffers
 

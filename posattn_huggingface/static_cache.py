@@ -20,6 +20,7 @@ from torch import Tensor
 from transformers.cache_utils import StaticLayer
 
 from posattn.attention import PositionKernel
+from posattn.kernel_self_check import query_key_size
 from posattn.position_context import PositionContext, Preparation
 from posattn_huggingface.mask_function import BatchPositions
 from posattn_huggingface.names import HuggingFaceRefusal
@@ -61,7 +62,10 @@ def static_state_layer(method: PositionKernel, layer: StaticLayer) -> StaticDeco
     for a method whose decoding state fits one; refuses the others, and a layer filled without the state."""
     for term, kind, why in ((method.post_softmax_term, "a post-softmax transform", "its last attention rows"),
                             (next(iter(method.token_difference_terms), None), "a token-difference term",
-                             "its cumulative values")):
+                             "its cumulative values"),
+                            (method.content_term, "a content-logits term", "keys carried to the last token"),
+                            (next((term for term in method.logit_matrix_terms if term.keeps_rows), None),
+                             "a logit-matrix transform", "its last rows of logits")):
         if term is not None:
             raise HuggingFaceRefusal(
                 f"{method.where}: {type(term).__name__} ({kind}) continues from the last token's state ({why}), "
@@ -84,7 +88,7 @@ def attend_static_step(method: PositionKernel, q: Tensor, key: Tensor, value: Te
         out, _, weights = method.attend(q, key, value, ctx, None, {}, x, need_weights=need_weights)
         return out, weights
     last, index = key.size(2) - 1, ctx.step_index
-    transformed = _transformed_keys(layer, key)
+    transformed = _transformed_keys(method, layer, key)
     state = {"prev_key": transformed[:, :, :last], "prev_value": value[:, :, :last]}
     out, _, weights = method.attend(q, key.index_select(2, index), value.index_select(2, index),
                                     ctx.prepared(CurrentTokenLast()), None, state, x, need_weights=need_weights)
@@ -102,7 +106,7 @@ def attend_static_prompt(method: PositionKernel, q: Tensor, key: Tensor, value: 
     """The prompt over the buffers' first ``ctx.length`` tokens, as with a dynamic cache, its keys, transformed,
     written into the layer's buffer of them (made here, at the buffers' shape)."""
     length, past = ctx.length, ctx.length - q.size(2)
-    transformed = _transformed_keys(layer, key)
+    transformed = _transformed_keys(method, layer, key)
     state = {"prev_key": transformed[:, :, :past], "prev_value": value[:, :, :past]} if past else {}
     out, _, weights = method.attend(q, key[:, :, past:length], value[:, :, past:length], ctx, None, state, x,
                                     need_weights=need_weights)
@@ -110,11 +114,11 @@ def attend_static_prompt(method: PositionKernel, q: Tensor, key: Tensor, value: 
     return out, weights
 
 
-def _transformed_keys(layer: StaticDecodingStateLayer, key: Tensor) -> Tensor:
-    """The layer's buffer of transformed keys, of the shape of the cache's buffer ``key`` (made at the first call:
-    the prompt, or its one token)."""
+def _transformed_keys(method: PositionKernel, layer: StaticDecodingStateLayer, key: Tensor) -> Tensor:
+    """The layer's buffer of transformed keys, of the shape of the cache's buffer ``key`` but for the size of a
+    transformed key, which a transform may change (made at the first call: the prompt, or its one token)."""
     if "prev_key" not in layer.state:
-        layer.state["prev_key"] = key.new_zeros(key.shape)
+        layer.state["prev_key"] = key.new_zeros(*key.shape[:-1], query_key_size(method, key.device, key.dtype))
         if not torch.compiler.is_compiling():  # as StaticLayer's own buffers: a fixed address for CUDA graphs
             torch._dynamo.mark_static_address(layer.state["prev_key"])
     return layer.state["prev_key"]

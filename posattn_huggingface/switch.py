@@ -33,7 +33,8 @@ def apply_position_method(model: PreTrainedModel, *, keep_model_positions: bool 
         max_positions: t, the longest sequence that terms keeping parameters per position take (default: the
             configuration's ``max_position_embeddings``).
         options: the method's options, as :func:`posattn.position_options` takes them (docs/methods.md); none:
-            the model computes what the Hugging Face model computes.
+            the model computes what the Hugging Face model computes. With ``layer_methods``, the self-attention
+            modules are layers 0, 1, ... in the model's order.
 
     Returns:
         ``model``, switched to ``attn_implementation="posattn_huggingface"``, its method and that implementation
@@ -64,9 +65,11 @@ def attach(model: PreTrainedModel, family: Family, record: Dict[str, Any]) -> No
     options = side_options(family, record["max_positions"], record["options"])
     _own_config(model)
     attention_modules = [module for module in model.modules() if type(module).__name__ == family.attention_class]
+    options.check_layer_count(len(attention_modules))  # layer_methods: a method named past the model's layers
     dropout = float(getattr(model.config, family.dropout_field, 0.0) or 0.0)
     methods = [_layer_method(model.config, options, index, dropout) for index in range(len(attention_modules))]
     for module, method in zip(attention_modules, methods):
+        family.adapt_layer(module, method)  # what the module brings beside q, k, v (Gemma's soft-capping)
         parameter = next(module.parameters())
         method.to(device=parameter.device, dtype=parameter.dtype).train(module.training)
         setattr(module, METHOD_ATTRIBUTE, method)
@@ -104,6 +107,11 @@ def _own_config(model: PreTrainedModel) -> None:
 def _layer_method(config: Any, options: SidePositionOptions, index: int, dropout: float) -> PositionKernel:
     method = position_method(config.num_attention_heads, head_dim(config), causal=options.causal,
                              dropout=dropout, options=options, layer_index=index)
+    if method.projection_term is not None:
+        raise HuggingFaceRefusal(
+            f"{type(method.projection_term).__name__} rescales the projection weights W_q, W_k, W_v, which "
+            "transformers applies before the attention function this package switches: it would have no effect; "
+            "use it in fairseq (fairseq_posattn) or plain PyTorch (posattn.SelfAttention)")
     method.side_options = options  # the side's options, for the length check of each forward pass
     return method
 

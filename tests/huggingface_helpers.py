@@ -6,8 +6,9 @@ transformers: a test module imports it after ``pytest.importorskip("transformers
 
 import functools
 import os
-from typing import Any, Callable, Dict, List
+from typing import Any, Callable, Dict, Iterator, List
 
+import pytest
 import torch
 import transformers
 
@@ -30,15 +31,21 @@ STATEFUL_METHODS: Dict[str, Dict[str, Any]] = {
     "conv-2d": {"conv_attention": "2d"},
     "cope": {"cope": 8},
     "forget-gate": {"forget_gate": True},
+    "path-attention": {"path_attention": True},
+    "multi-token-attention": {"multi_token_attention": True, "mta_query_kernel": 3, "mta_key_kernel": 3},
 }
 #: the methods generation is checked with: additive biases, query/key transforms (the cached keys transformed
 #: again at their positions) and the stateful ones
 DECODING_METHODS = {name: METHODS[name] for name in ("alibi", "t5-bias")} | {"rotary": {"rotary": True},
                                                                               "xpos": {"xpos": True}} | STATEFUL_METHODS
-#: every registered method a causal model takes (the registry's), by name: the options of its first variant; and
-#: "none", the switch without a method
+#: the methods the switch refuses (the learnable temperature rescales projection weights that transformers applies
+#: before the attention function), by name: the options of their first variant
+REFUSED_METHODS = {"learnable-temperature": {"learnable_temperature": True}}
+#: every registered method a causal model takes (the registry's but the refused), by name: the options of its first
+#: variant; and "none", the switch without a method
 CAUSAL_METHODS: Dict[str, Dict[str, Any]] = {"none": {}} | {
-    method.name: dict(next(iter(method.variants.values()))) for method in methods_of("decoder")}
+    method.name: dict(next(iter(method.variants.values()))) for method in methods_of("decoder")
+    if method.name not in REFUSED_METHODS}
 
 
 def llama(**config: Any) -> Any:
@@ -77,6 +84,41 @@ def built(kind: str, seed: int = 0, attn_implementation: str = "sdpa") -> Any:
 
 def switched(kind: str, seed: int = 0, **options: Any) -> Any:
     return hf.apply_position_method(built(kind, seed), **options)
+
+
+def padded_batch(side: str, length: int = 8) -> Dict[str, torch.Tensor]:
+    """Three sequences of ``length``, ``length - 3`` and ``length - 1`` tokens, padded on ``side``."""
+    generator = torch.Generator().manual_seed(1)
+    ids = torch.randint(1, VOCAB, (3, length), generator=generator)
+    mask = torch.ones(3, length, dtype=torch.long)
+    for row, pads in ((1, 3), (2, 1)):
+        mask[row, :pads] = 0 if side == "left" else 1
+        mask[row, length - pads:] = 0 if side == "right" else 1
+    return {"ids": ids.masked_fill(mask == 0, 0), "mask": mask}
+
+
+def assert_generation_with_the_cache_is_without_it(model: Any, batch: Dict[str, torch.Tensor], new: int = 5) -> None:
+    """Greedy and beam search (3 beams) from the left-padded prompts ``batch`` with the cache equal them without it,
+    and greedy decoding is the full forward's argmax at every new token."""
+    prompt = {"input_ids": batch["ids"], "attention_mask": batch["mask"], "max_new_tokens": new, "do_sample": False,
+              "pad_token_id": 0}
+    for beams in (1, 3):
+        cached = model.generate(**prompt, num_beams=beams)
+        assert torch.equal(cached, model.generate(**prompt, num_beams=beams, use_cache=False)), beams
+    greedy = model.generate(**prompt)
+    length = batch["ids"].size(1)
+    mask = torch.cat([batch["mask"], torch.ones(len(greedy), new, dtype=torch.long)], dim=1)
+    assert torch.equal(output(model, greedy, mask)[:, length - 1:-1].argmax(dim=-1), greedy[:, length:])
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread() -> Iterator[None]:
+    """torch on one thread in the tests of a module that imports it (models this small run several times faster so
+    on shared cores), as it was after them."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 def output(model: Any, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -16,17 +16,27 @@ from torch import Tensor
 
 from posattn.attention import PositionKernel
 from posattn.position_terms.alibi import LinearDistanceBias
+from posattn.position_terms.cable import ContextAwareSlopeBias
 from posattn.position_terms.contextual import ContextualPositionBias
+from posattn.position_terms.dape import DataAdaptiveBias
 from posattn.position_terms.convolution import ConvolvedAttention1d, ConvolvedAttention2d
 from posattn.position_terms.direct import DirectAbsolutePositionBias, DirectRelativePositionBias
 from posattn.position_terms.distance_aware import DistanceAwareScaling
 from posattn.position_terms.fire import FireBias
 from posattn.position_terms.forget_gate import ForgetGateBias
+from posattn.position_terms.hope import HighFrequencyRotaryEmbedding
 from posattn.position_terms.kerple import KerpleBias
+from posattn.position_terms.multi_token import MultiTokenAttention
+from posattn.position_terms.p_rope import PRotaryEmbedding
+from posattn.position_terms.path_attention import PathTransforms
+from posattn.position_terms.polar import PolarEmbedding
 from posattn.position_terms.relative_embeddings import RelativePositionEmbeddings
 from posattn.position_terms.rotary import RotaryEmbedding
 from posattn.position_terms.sandwich import SandwichBias
+from posattn.position_terms.scalable_softmax import ScalableSoftmaxQuery
+from posattn.position_terms.selective import SelectionBias
 from posattn.position_terms.structural import StructuralRelativeEmbeddings
+from posattn.position_terms.stick_breaking import StickBreakingNormalisation
 from posattn.position_terms.t5_bias import T5RelativeBias
 from posattn.position_terms.temperature import LearnableTemperature
 from posattn.position_terms.xpos import XPosEmbedding
@@ -205,9 +215,19 @@ def _forget_gate(term, x: Tensor, h: int, i: int, j: int) -> float:
     return total
 
 
+def _cable(term, x: Tensor, h: int, i: int, j: int) -> float:
+    """CABLE (Veisi et al. 2025): minus the sum of the slopes m_l = softplus(w_h . x_l + b_h) over l = j+1 .. i."""
+    total = 0.0
+    for position in range(j + 1, i + 1):
+        slope_logit = float(term.slope.weight[h] @ x[position]) + float(term.slope.bias[h])
+        total -= math.log(1.0 + math.exp(slope_logit))
+    return total
+
+
 #: the token-difference biases, ``(term, x, h, i, j) -> float``: the bias of head h, query i and key j of the
 #: sentence whose layer input is x
-REFERENCE_TOKEN_BIASES = References("REFERENCE_TOKEN_BIASES", {ForgetGateBias: _forget_gate})
+REFERENCE_TOKEN_BIASES = References("REFERENCE_TOKEN_BIASES", {ForgetGateBias: _forget_gate,
+                                                               ContextAwareSlopeBias: _cable})
 
 
 def _contextual_row(term, row: Tensor, query: Tensor) -> Tensor:
@@ -231,15 +251,54 @@ def _contextual_row(term, row: Tensor, query: Tensor) -> Tensor:
 REFERENCE_ROW_BIASES = References("REFERENCE_ROW_BIASES", {ContextualPositionBias: _contextual_row})
 
 
-def _rotated(vector: Tensor, position: int) -> Tensor:
-    """RoPE: turn each pair of dimensions (2k, 2k + 1) by position * 10000^(-2k/d) (Su et al. 2021)."""
+def scaled_rope_angle(scaling, k: int, d: int, position: int) -> float:
+    """The angle of pair k at ``position`` under RoPE's context extension ``scaling`` (a ``RotaryScaling``'s
+    kind, factor s, original positions L, ...), each in its source's form: position interpolation turns
+    ``position / s`` (Chen et al. 2023, section 2.2); NTK-aware takes the base ``10000 s^(d/(d-2))`` (Peng et al.
+    2023, section 3.1); dynamic NTK that of the factor ``s n / L - (s - 1)``, n = max(position + 1, L) (section 3.3,
+    with transformers' factor); YaRN ramps per pair between ``theta / s`` and ``theta`` from pair floor(k(beta_fast))
+    to ceil(k(beta_slow)), ``k(r) = d ln(L / (2 pi r)) / (2 ln 10000)`` (sections 3.2 and 3.4, as the authors' code
+    computes them);
+    Llama 3 divides by s the pairs whose wavelength exceeds L / low, keeps those below L / high, and smooths
+    between (Meta's ``apply_scaling``)."""
+    kind, s, L = scaling.kind, scaling.factor, scaling.original_positions
+    theta = 10000.0 ** (-2.0 * k / d)
+    if kind == "linear":
+        return (position / s) * theta
+    if kind in ("ntk", "dynamic"):
+        stretch = s if kind == "ntk" else s * max(position + 1, L) / L - (s - 1)
+        return position * (10000.0 * stretch ** (d / (d - 2))) ** (-2.0 * k / d)
+    if kind == "yarn":
+        def pair(rotations: float) -> float:
+            return d * math.log(L / (2 * math.pi * rotations)) / (2 * math.log(10000.0))
+        low, high = max(math.floor(pair(scaling.beta_fast)), 0), min(math.ceil(pair(scaling.beta_slow)), d - 1)
+        high = high + 0.001 if high == low else high
+        gamma = min(max((k - low) / (high - low), 0.0), 1.0)
+        return position * (gamma * theta / s + (1 - gamma) * theta)
+    if kind == "llama3":
+        wavelength = 2 * math.pi / theta
+        if wavelength < L / scaling.high_frequency_factor:
+            return position * theta
+        if wavelength > L / scaling.low_frequency_factor:
+            return position * theta / s
+        smooth = (L / wavelength - scaling.low_frequency_factor) / (
+            scaling.high_frequency_factor - scaling.low_frequency_factor)
+        return position * ((1 - smooth) * theta / s + smooth * theta)
+    return position * theta
+
+
+def _rotated(vector: Tensor, position: int, scaling=None) -> Tensor:
+    """RoPE: turn each pair of dimensions (2k, 2k + 1) by position * 10000^(-2k/d) (Su et al. 2021), or by
+    :func:`scaled_rope_angle` with a context extension ``scaling``; YaRN's then multiplied by its
+    sqrt(1/t) = 0.1 ln s + 1 (Peng et al. 2023, section 3.4: q and k both)."""
     d = vector.numel()
     out = vector.clone()
+    scale = 0.1 * math.log(scaling.factor) + 1 if scaling is not None and scaling.kind == "yarn" else 1.0
     for k in range(d // 2):
-        angle = position * 10000.0 ** (-2.0 * k / d)
+        angle = position * 10000.0 ** (-2.0 * k / d) if scaling is None else scaled_rope_angle(scaling, k, d, position)
         a, b = float(vector[2 * k]), float(vector[2 * k + 1])
-        out[2 * k] = a * math.cos(angle) - b * math.sin(angle)
-        out[2 * k + 1] = a * math.sin(angle) + b * math.cos(angle)
+        out[2 * k] = scale * (a * math.cos(angle) - b * math.sin(angle))
+        out[2 * k + 1] = scale * (a * math.sin(angle) + b * math.cos(angle))
     return out
 
 
@@ -257,17 +316,78 @@ def _xposed(vector: Tensor, position: int, scale_base: int, query: bool) -> Tens
     return out
 
 
-def _rope(term, vectors: Tensor, query: bool) -> Tensor:
-    return torch.stack([_rotated(v, p) for p, v in enumerate(vectors)])
+def _rope(term, vectors: Tensor, query: bool, h: int) -> Tensor:
+    return torch.stack([_rotated(v, p, term.scaling) for p, v in enumerate(vectors)])
 
 
-def _xpos(term, vectors: Tensor, query: bool) -> Tensor:
+def _xpos(term, vectors: Tensor, query: bool, h: int) -> Tensor:
     return torch.stack([_xposed(v, p, term.scale_base, query) for p, v in enumerate(vectors)])
 
 
-#: the query/key transforms, ``(term, vectors, query) -> vectors``: the transformed rows of ``vectors`` (row p
-#: at position p; ``query``: they are queries, else keys)
-REFERENCE_TRANSFORMS = References("REFERENCE_TRANSFORMS", {RotaryEmbedding: _rope, XPosEmbedding: _xpos})
+def _scalable_softmax(term, vectors: Tensor, query: bool, h: int) -> Tensor:
+    """SSMax (Nakanishi 2025): query p times s_h log n, n the keys it sees: p + 1 on a causal side, the sentence's
+    length on a bidirectional one; keys unchanged."""
+    if not query:
+        return vectors
+    length = vectors.size(0)
+    seen = [p + 1 if term.causal else length for p in range(length)]
+    return torch.stack([v * float(term.scale[h]) * math.log(n) for v, n in zip(vectors, seen)])
+
+
+def _turned_pairs(vector: Tensor, position: int, turns: Callable[[int, int], bool]) -> Tensor:
+    """RoPE's turn by position * 10000^(-2k/d) of the pairs (2k, 2k + 1) for which ``turns(k, d)``; the other pairs
+    as they are."""
+    d = vector.numel()
+    out = vector.clone()
+    for k in range(d // 2):
+        if turns(k, d):
+            angle = position * 10000.0 ** (-2.0 * k / d)
+            a, b = float(vector[2 * k]), float(vector[2 * k + 1])
+            out[2 * k] = a * math.cos(angle) - b * math.sin(angle)
+            out[2 * k + 1] = a * math.sin(angle) + b * math.cos(angle)
+    return out
+
+
+def _p_rope(term, vectors: Tensor, query: bool, h: int) -> Tensor:
+    """p-RoPE (Barbero et al. 2025): RoPE of the pairs k with 2k + 2 <= p d, the fraction p of the frequencies that
+    are highest; the lower ones not turned."""
+    return torch.stack([_turned_pairs(v, p, lambda k, d: 2 * k + 2 <= term.fraction * d)
+                        for p, v in enumerate(vectors)])
+
+
+def _hope(term, vectors: Tensor, query: bool, h: int) -> Tensor:
+    """HoPE (Chen et al. 2025): RoPE of the pairs whose period 2 pi / theta_k is at most the training length L; the
+    others (their period longer than L) not turned."""
+    def completes_a_period(k: int, d: int) -> bool:
+        return 2 * math.pi / 10000.0 ** (-2.0 * k / d) <= term.training_length
+
+    return torch.stack([_turned_pairs(v, p, completes_a_period) for p, v in enumerate(vectors)])
+
+
+def _polar(term, vectors: Tensor, query: bool, h: int) -> Tensor:
+    """PoPE (Gopalakrishnan et al. 2025): each dimension c a complex number of magnitude softplus(x_c) and phase
+    p theta_c, theta_c = 10000^(-c/d), plus head h's delta_c (clamped to [-2 pi, 0]) for a key; returned as the real
+    parts, then the imaginary parts, so that q . k is Re[conj(q~) k~]."""
+    d = vectors.size(-1)
+    rows = []
+    for p, v in enumerate(vectors):
+        parts = []
+        for c in range(d):
+            phase = p * 10000.0 ** (-c / d)
+            if not query:
+                phase += min(max(float(term.phase_bias[h, c]), -2 * math.pi), 0.0)
+            parts.append(math.log1p(math.exp(float(v[c]))) * complex(math.cos(phase), math.sin(phase)))
+        rows.append(torch.tensor([z.real for z in parts] + [z.imag for z in parts], dtype=vectors.dtype))
+    return torch.stack(rows)
+
+
+#: the query/key transforms, ``(term, vectors, query, h) -> vectors``: the transformed rows of head h's ``vectors``
+#: (row p at position p; ``query``: they are queries, else keys)
+REFERENCE_TRANSFORMS = References("REFERENCE_TRANSFORMS", {RotaryEmbedding: _rope, XPosEmbedding: _xpos,
+                                                           ScalableSoftmaxQuery: _scalable_softmax,
+                                                           PRotaryEmbedding: _p_rope,
+                                                           HighFrequencyRotaryEmbedding: _hope,
+                                                           PolarEmbedding: _polar})
 
 
 def _query_offsets(k: int, causal: bool) -> List[int]:
@@ -335,6 +455,149 @@ REFERENCE_POST_SOFTMAX = References("REFERENCE_POST_SOFTMAX", {
 })
 
 
+def _stick_breaking(term, logits: Tensor) -> Tensor:
+    """Stick-breaking attention (Tan et al. 2025, section 2) of one head's L x L logits (-inf where a query may not
+    look), entry by entry: key j < i takes sigmoid(z_ij) times the product of (1 - sigmoid(z_il)) over the keys l
+    between j and i; what is left of the stick goes to the query's own key i."""
+    L = logits.size(0)
+    out = torch.zeros(L, L, dtype=logits.dtype)
+    for i in range(L):
+        for j in range(i):
+            if logits[i, j] == float("-inf"):
+                continue
+            weight = 1.0 / (1.0 + math.exp(-float(logits[i, j])))
+            for l in range(j + 1, i):
+                if logits[i, l] > float("-inf"):
+                    weight *= 1.0 - 1.0 / (1.0 + math.exp(-float(logits[i, l])))
+            out[i, j] = weight
+        out[i, i] = 1.0 - float(out[i, :i].sum())
+    return out
+
+
+#: the normalisations in place of the softmax, ``(term, logits) -> weights``: one head's L x L logits of one sentence
+#: (-inf where a query may not look) turned into the weights that multiply the values
+REFERENCE_NORMALISATIONS = References("REFERENCE_NORMALISATIONS", {StickBreakingNormalisation: _stick_breaking})
+
+
+def _mta_convolution(term, logits: Tensor, parts: Tuple[Tensor, Tensor], causal: bool) -> Tensor:
+    """Multi-token attention (Golovneva et al. 2025, section 3.1): each head's logits with the entries a query may not
+    see set to 0, convolved by explicit sums with its c_q x c_k kernel (query rows i - c_q + 1 .. i when causal, a
+    centred window otherwise; keys centred; zero outside the matrix), then -inf again where the query may not look."""
+    H, L, _ = logits.shape
+    cq, ck = term.query_kernel, term.key_kernel
+    zeroed = torch.where(torch.isneginf(logits), torch.zeros_like(logits), logits)
+    first_row = -(cq - 1) if causal else -(cq // 2)
+    out = torch.full_like(logits, float("-inf"))
+    for h in range(H):
+        for i in range(L):
+            for j in range(L):
+                if logits[h, i, j] == float("-inf"):
+                    continue
+                total = 0.0
+                for a in range(cq):
+                    for b in range(ck):
+                        total += float(term.kernel[h, 0, a, b]) * _entry(zeroed[h], i + first_row + a, j - ck // 2 + b)
+                out[h, i, j] = total
+    return out
+
+
+def _dape(term, logits: Tensor, parts: Tuple[Tensor, Tensor], causal: bool) -> Tensor:
+    """DAPE (Zheng et al. 2024, section 3): every visible logit of head h plus f([A; B])_h at its (i, j), A the content
+    logits and B the additive biases of all heads, f(x) = W_2 LeakyReLU(W_1 x + b_1) + b_2 (slope 0.01), by
+    explicit sums over inputs and hidden units."""
+    content, bias = parts
+    H, L, _ = logits.shape
+    out = logits.clone()
+    for i in range(L):
+        for j in range(L):
+            if logits[0, i, j] == float("-inf"):
+                continue
+            features = [float(content[h, i, j]) for h in range(H)] + [float(bias[h, i, j]) for h in range(H)]
+            hidden = []
+            for unit in range(term.width):
+                total = float(term.mlp_in.bias[unit]) + sum(float(term.mlp_in.weight[unit, n]) * features[n]
+                                                            for n in range(2 * H))
+                hidden.append(total if total > 0 else 0.01 * total)
+            for h in range(H):
+                out[h, i, j] = float(logits[h, i, j]) + float(term.mlp_out.bias[h]) + sum(
+                    float(term.mlp_out.weight[h, unit]) * hidden[unit] for unit in range(term.width))
+    return out
+
+
+def _selective(term, logits: Tensor, parts: Tuple[Tensor, Tensor], causal: bool) -> Tensor:
+    """Selective attention (Leviathan et al. 2024, section 3): query k selects key j with S_kj = max(l_kj, 0) of head
+    0's logits l (-inf where k may not see j), except itself (j = k) and the first token (j = 0); every head's logit
+    of key j for query i loses F_ij = sum over the earlier queries k < i of S_kj."""
+    H, L, _ = logits.shape
+    out = logits.clone()
+    for i in range(L):
+        for j in range(L):
+            selected = sum(max(float(logits[0, k, j]), 0.0) for k in range(i) if k != j and j != 0)
+            for h in range(H):
+                out[h, i, j] = logits[h, i, j] - selected
+    return out
+
+
+#: the logit-matrix transforms, ``(term, logits, (content, bias), causal) -> logits``: every head's logits of one
+#: sentence (H x L x L, -inf where a query may not look) transformed, given the content logits and the sum of the
+#: additive biases of every head apart (H x L x L each)
+REFERENCE_LOGIT_MATRICES = References("REFERENCE_LOGIT_MATRICES", {
+    MultiTokenAttention: _mta_convolution, DataAdaptiveBias: _dape, SelectionBias: _selective,
+})
+
+
+def _mta_head_mixing(term, probs: Tensor, causal: bool) -> Tensor:
+    """Multi-token attention (Golovneva et al. 2025, section 3.2): heads in groups of c_h consecutive ones, head n of
+    group g weighted by sum over the group's heads m of w_g[m, n] times head m's weights."""
+    H, L, _ = probs.shape
+    c = term.head_group
+    out = torch.zeros_like(probs)
+    for h in range(H):
+        g, n = divmod(h, c)
+        for m in range(c):
+            out[h] += float(term.head_mixing[g, m, n]) * probs[g * c + m]
+    return out
+
+
+#: the weight transforms across heads after the softmax, ``(term, probs, causal) -> probs``: every head's weights of
+#: one sentence (H x L x L), transformed
+REFERENCE_HEAD_WEIGHTS = References("REFERENCE_HEAD_WEIGHTS", {MultiTokenAttention: _mta_head_mixing})
+
+
+def _path_transform(term, x: Tensor, h: int, t: int) -> Tensor:
+    """PaTH's H_t = I - beta_t w_t w_t^T of head h at token t of the sentence x (Yang et al. 2025, section 2, as
+    flash-linear-attention's layer makes w_t and beta_t): w_t the SiLU of a 3-tap causal convolution over the tokens'
+    low-rank projections (zero before the first token), of unit norm (eps 1e-6); beta_t = 2 sigmoid(u_h . x_t + b_h)."""
+    d, taps = term.head_dim, term.w_conv.kernel_size[0]
+    rows = slice(h * d, (h + 1) * d)
+    conv = sum(term.w_conv.weight[rows, 0, tap] * (term.w_proj[1].weight[rows] @ (term.w_proj[0].weight @ x[s]))
+               for tap, s in enumerate(range(t - taps + 1, t + 1)) if s >= 0)
+    w = conv / (1.0 + torch.exp(-conv))  # SiLU
+    w = w / torch.sqrt(w @ w + 1e-6)
+    beta = 2.0 / (1.0 + torch.exp(-(term.beta_proj.weight[h] @ x[t] + term.beta_proj.bias[h])))
+    return torch.eye(d, dtype=x.dtype) - beta * torch.outer(w, w)
+
+
+def _path(term, x: Tensor, h: int, k: Tensor) -> List[List[Tensor]]:
+    """PaTH (Yang et al. 2025, section 2): key j as query i sees it, H_i H_{i-1} ... H_{j+1} k_j (j <= i), by explicit
+    products of the matrices."""
+    L = x.size(0)
+    transforms = [_path_transform(term, x, h, t) for t in range(L)]
+    seen = [[k[j] for j in range(L)] for _ in range(L)]
+    for i in range(L):
+        for j in range(i):
+            product = torch.eye(k.size(1), dtype=x.dtype)
+            for t in range(i, j, -1):
+                product = product @ transforms[t]
+            seen[i][j] = product @ k[j]
+    return seen
+
+
+#: the content-logits terms, ``(term, x, h, k) -> keys``: ``keys[i][j]``, key j of head h as query i's content logit
+#: reads it, for the sentence whose layer input is x and whose head-h keys are the rows of k
+REFERENCE_CONTENT = References("REFERENCE_CONTENT", {PathTransforms: _path})
+
+
 def reference_attention(
     attn: PositionKernel, x: Tensor, causal: bool
 ) -> Tuple[Tensor, Tensor]:
@@ -346,6 +609,8 @@ def reference_attention(
     H, d = attn.num_heads, attn.head_dim
     heads_out = []
     probs_all = torch.zeros(H, L, L, dtype=x.dtype)
+    logits_all, values_all = torch.zeros(H, L, L, dtype=x.dtype), []
+    content_all, bias_all = torch.zeros(H, L, L, dtype=x.dtype), torch.zeros(H, L, L, dtype=x.dtype)
     for h in range(H):
         rows = slice(h * d, (h + 1) * d)
         weights = (attn.q_proj.weight[rows], attn.k_proj.weight[rows], attn.v_proj.weight[rows])
@@ -355,26 +620,44 @@ def reference_attention(
         k = x @ weights[1].t() + attn.k_proj.bias[rows]
         v = x @ weights[2].t() + attn.v_proj.bias[rows]
         for term in attn.query_key_terms:  # in the kernel's order
-            q, k = REFERENCE_TRANSFORMS(term, q, True), REFERENCE_TRANSFORMS(term, k, False)
+            q, k = REFERENCE_TRANSFORMS(term, q, True, h), REFERENCE_TRANSFORMS(term, k, False, h)
         logits = torch.full((L, L), float("-inf"), dtype=x.dtype)
+        seen = None if attn.content_term is None else REFERENCE_CONTENT(attn.content_term, x, h, k)
         for i in range(L):
             for j in range(L):
                 if causal and j > i:
                     continue
-                key = k[j].clone()
+                key = (k[j] if seen is None else seen[i][j]).clone()
                 for term in attn.key_value_terms:
                     key = key + REFERENCE_KEY_VALUES(term, i, j, L)[0]
                 e = float(q[i] @ key) / math.sqrt(d)
                 if attn.scaling_term is not None:
                     e = REFERENCE_SCALINGS(attn.scaling_term, e, h, i, j)
-                for term in attn.additive_terms:
-                    e += REFERENCE_BIASES(term, h, i, j, causal)
+                content_all[h, i, j] = e
+                bias = sum(REFERENCE_BIASES(term, h, i, j, causal) for term in attn.additive_terms)
+                bias_all[h, i, j] = bias
+                e += bias
                 for term in attn.token_difference_terms:
                     e += REFERENCE_TOKEN_BIASES(term, x, h, i, j)
                 logits[i, j] = e
             if attn.row_term is not None:
                 logits[i] = REFERENCE_ROW_BIASES(attn.row_term, logits[i], q[i])
-        probs = torch.softmax(logits, dim=-1)
+        logits_all[h] = logits
+        values_all.append(v)
+    for term in attn.logit_matrix_terms:  # every head's logits at once, in the kernel's order
+        logits_all = REFERENCE_LOGIT_MATRICES(term, logits_all, (content_all, bias_all), causal)
+    for h in range(H):
+        logits = logits_all[h]
+        if attn.normalisation_term is None:
+            probs = torch.softmax(logits, dim=-1)
+        else:
+            probs = REFERENCE_NORMALISATIONS(attn.normalisation_term, logits)
+        probs_all[h] = probs
+    for term in attn.logit_matrix_terms:  # every head's weights at once (head mixing), where a term does
+        if term.transforms_weights:
+            probs_all = REFERENCE_HEAD_WEIGHTS(term, probs_all, causal)
+    for h in range(H):
+        probs, v = probs_all[h], values_all[h]
         if attn.post_softmax_term is not None:
             probs = REFERENCE_POST_SOFTMAX(attn.post_softmax_term, probs, h, causal)
         out = torch.zeros(L, d, dtype=x.dtype)

@@ -50,6 +50,8 @@ def wrong_values(default: object, choices: Tuple[str, ...]) -> List[object]:
         return ["False", "no", 1, 0, None]
     if isinstance(default, int):
         return [2.5, "8", True, None]
+    if isinstance(default, str):  # a text option (layer_methods)
+        return [1, None, ["x"]]
     return ["x", None]
 
 

@@ -1,7 +1,7 @@
 """The documents, checked as a reader uses them: every relative link and anchor of README.md,
 CONTRIBUTING.md, CHANGELOG.md, docs/, examples/ and data/ resolves; every ``make`` target, repository path
-and console script they name exists; every flag of the tables of README.md and docs/options.md is accepted by ``fairseq-train -h``
-of its architecture; the option tables are what ``make docs`` writes; the version has one source."""
+and console script they name exists; every flag of the tables of README.md and docs/options.md is accepted by
+``fairseq-train -h`` of its architecture; the option tables are what ``make docs`` writes; the version has one source."""
 
 import contextlib
 import importlib.metadata

@@ -9,7 +9,7 @@ cache equals it without and the full forward; a saved model loads with its metho
 import copy
 import json
 from pathlib import Path
-from typing import Any, Dict, Iterator
+from typing import Any, Dict
 
 import pytest
 import torch
@@ -20,32 +20,12 @@ import posattn  # noqa: E402
 import posattn_huggingface as hf  # noqa: E402
 from program_helpers import run_python  # noqa: E402
 from huggingface_helpers import (CAUSAL_METHODS, DECODERS, DECODING_METHODS, METHODS, MODELS,  # noqa: E402
-                                 STATEFUL_METHODS, VOCAB, bert, built, output, switched)
+                                 REFUSED_METHODS, STATEFUL_METHODS, VOCAB, assert_generation_with_the_cache_is_without_it,
+                                 bert, built, gpt2, one_thread, output, padded_batch, switched)
 from posattn_huggingface.compatibility import cache_keyword  # noqa: E402
 
 #: the keyword of a model's forward that takes the cache (``past_key_values`` before transformers 5.24)
 CACHE = cache_keyword()
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread() -> Iterator[None]:
-    """torch on one thread in this module's tests (models this small run several times faster so on shared cores),
-    as it was after them."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-def padded_batch(side: str, length: int = 8) -> Dict[str, torch.Tensor]:
-    """Three sequences of ``length``, ``length - 3`` and ``length - 1`` tokens, padded on ``side``."""
-    generator = torch.Generator().manual_seed(1)
-    ids = torch.randint(1, VOCAB, (3, length), generator=generator)
-    mask = torch.ones(3, length, dtype=torch.long)
-    for row, pads in ((1, 3), (2, 1)):
-        mask[row, :pads] = 0 if side == "left" else 1
-        mask[row, length - pads:] = 0 if side == "right" else 1
-    return {"ids": ids.masked_fill(mask == 0, 0), "mask": mask}
 
 
 # ----------------------------------------------------------------- (a) no method: transformers' own model
@@ -214,17 +194,8 @@ def test_an_encoder_takes_a_post_softmax_transform():
 @pytest.mark.parametrize("kind", DECODERS)
 @pytest.mark.parametrize("method", DECODING_METHODS)
 def test_generation_with_the_cache_equals_generation_without_it_and_the_full_forward(kind, method):
-    model = switched(kind, **DECODING_METHODS[method])
-    batch = padded_batch("left", length=6)
-    prompt = {"input_ids": batch["ids"], "attention_mask": batch["mask"], "max_new_tokens": 5, "do_sample": False,
-              "pad_token_id": 0}
-    for beams in (1, 3):
-        cached = model.generate(**prompt, num_beams=beams)
-        assert torch.equal(cached, model.generate(**prompt, num_beams=beams, use_cache=False)), beams
-    mask = torch.cat([batch["mask"], torch.ones(3, 5, dtype=torch.long)], dim=1)
-    cached = model.generate(**prompt)
-    predicted = output(model, cached, mask)[:, 5:-1].argmax(dim=-1)
-    assert torch.equal(predicted, cached[:, 6:])
+    """Left-padded prompts of 6 tokens and 5 new ones: with the cache as without it, and the full forward's argmax."""
+    assert_generation_with_the_cache_is_without_it(switched(kind, **DECODING_METHODS[method]), padded_batch("left", 6))
 
 
 def test_the_decoding_state_is_kept_in_the_cache_and_refused_where_it_cannot_be(tmp_path):
@@ -282,11 +253,12 @@ def assert_same_generation(got: Any, expected: Any) -> None:
 def test_generation_with_a_static_cache_equals_the_dynamic_cache_or_is_refused_in_one_line(method):
     """``cache_implementation="static"`` (eager here; compiled below): every method a causal model takes, from the
     registry; refused, naming the term, where decoding continues from the last token's state (a post-softmax
-    transform, a token-difference term), which a static cache's fixed buffers do not hold."""
+    transform, a token-difference term, PaTH's carried keys), which a static cache's fixed buffers do not hold."""
     model = switched("llama", **CAUSAL_METHODS[method])
     prompt = greedy_prompt(output_scores=True, return_dict_in_generate=True)
     layer = model.model.layers[0].self_attn.position_method
-    if layer.post_softmax_term is not None or len(layer.token_difference_terms):
+    if (layer.post_softmax_term is not None or len(layer.token_difference_terms)
+            or any(term.keeps_rows for term in layer.logit_matrix_terms) or layer.content_term is not None):
         with pytest.raises(hf.HuggingFaceRefusal, match="which a static cache does not hold") as refused:
             model.generate(**prompt, cache_implementation="static")
         assert "\n" not in str(refused.value)
@@ -450,6 +422,7 @@ def test_loading_as_another_method_or_without_one_is_refused(tmp_path):
     ("bert", {"forget_gate": True}, "an option of causal models only"),
     ("gpt2", {"no_such_option": 1}, "no position option no_such_option"),
     ("llama", {"kerple": "cubic"}, "must be one of"),
+    *(("llama", options, "rescales the projection weights") for options in REFUSED_METHODS.values()),
 ])
 def test_a_method_that_does_not_fit_is_refused_in_one_line(kind, options, message):
     with pytest.raises(posattn.UserError, match=message) as refused:
@@ -457,10 +430,22 @@ def test_a_method_that_does_not_fit_is_refused_in_one_line(kind, options, messag
     assert "\n" not in str(refused.value)
 
 
+def test_a_transform_reading_the_projected_query_is_refused_where_the_model_scales_otherwise():
+    """PoPE undoes the queries' 1/sqrt(head_dim) to take softplus of the projected query: GPT-2 scaling its logits
+    by the layer's number as well is refused at the call, in one line; the standard scale runs (the control)."""
+    ids, mask = torch.tensor([[5, 6, 7, 8]]), torch.ones(1, 4, dtype=torch.long)
+    standard = hf.apply_position_method(gpt2().double().eval(), polar=True)
+    assert torch.isfinite(output(standard, ids, mask)).all()
+    by_layer = hf.apply_position_method(gpt2(scale_attn_by_inverse_layer_idx=True).double().eval(), polar=True)
+    with pytest.raises(hf.HuggingFaceRefusal, match="reads the projected query") as refused:
+        output(by_layer, ids, mask)
+    assert "\n" not in str(refused.value)
+
+
 def test_an_unsupported_model_is_refused_naming_the_supported_ones():
     config = transformers.OPTConfig(vocab_size=VOCAB, hidden_size=32, ffn_dim=64, num_hidden_layers=1,
                                     num_attention_heads=4, word_embed_proj_dim=32)
-    with pytest.raises(hf.HuggingFaceRefusal, match="takes Llama, GPT-2 and BERT"):
+    with pytest.raises(hf.HuggingFaceRefusal, match="takes the families Llama, GPT-2, BERT, "):
         hf.apply_position_method(transformers.OPTModel(config))
     decoder = copy.deepcopy(bert().config)
     decoder.is_decoder = True

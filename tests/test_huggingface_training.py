@@ -36,7 +36,7 @@ import posattn_huggingface as hf  # noqa: E402
 from cli_helpers import run_python  # noqa: E402
 from huggingface_ddp_train import METHOD as DDP_METHOD, STEPS as DDP_STEPS, train as train_like_ddp  # noqa: E402
 from huggingface_helpers import (DECODERS, DECODING_METHODS, METHODS, MODELS, collate, cpu_trainer,  # noqa: E402
-                                 output, ptb_blocks, ptb_lines, training_losses)
+                                 one_thread, output, ptb_blocks, ptb_lines, training_losses)
 from model_helpers import REPO  # noqa: E402
 from posattn.kernel_self_check import forget_verdicts  # noqa: E402
 
@@ -52,13 +52,6 @@ STEPS = 30
 BF16_TOLERANCE = 2e-2
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread() -> Iterator[None]:
-    """torch on one thread in this module's tests (the module docstring), as it was after them."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def model(kind: str, options: Dict[str, Any], **config: Any) -> Any:

@@ -21,7 +21,7 @@ from fairseq_posattn.modules.attention import PositionAwareMultiheadAttention
 from posattn.position_context import PositionContext
 from posattn.position_terms.quantities import CURVE, MATRIX
 from posattn.position_terms.registry import REGISTRY, method_of
-from model_helpers import REPO, USER_DIR, TinyTask, build_lm, build_model, randomized, side_flags
+from model_helpers import REPO, USER_DIR, TinyTask, both_sides, build_lm, build_model, randomized, side_flags
 
 LINES = 60
 #: one encoder layer with every sequential term and structural positions (our kernel); decoder
@@ -295,6 +295,11 @@ def assert_shown_biases_are_added(numbers: Dict, module, side: str, length: int)
                 torch.testing.assert_close(values[:, k, None].expand_as(diagonal), diagonal)
 
 
+#: the methods that learn nothing and draw no fixed pattern: nothing to show
+SHOWS_NOTHING = {"selective": "its bias is the running sum of earlier queries' selections, data alone",
+                 "stick-breaking": "no parameters; its weights are the logits' alone"}
+
+
 def test_every_registered_method_is_shown(tmp_path):
     """Every method at once on both sides (random parameters): each is a kind of its own, from its
     terms' quantities; the biases shown over i - j are the ones the model adds (T5's shared table
@@ -304,7 +309,8 @@ def test_every_registered_method_is_shown(tmp_path):
     net_input = {"src_tokens": torch.tensor([[4, 5, 6, 7, 8, 2]]), "src_lengths": torch.tensor([6]),
                  "prev_output_tokens": torch.tensor([[2, 9, 10, 11, 12]])}
     inspection = inspect_model(model, TinyTask(), {"net_input": net_input}, "given")
-    shown = [name for name in REGISTRY if name != "structural-positions"]  # needs parses
+    shown = [name for name in REGISTRY  # the structural positions need parses
+             if name != "structural-positions" and REGISTRY[name].combined and name not in SHOWS_NOTHING]
     assert inspection.available_kinds() == ["attention", *shown]
     assert build_parser().parse_args(["data", "--path", "x", "--index", "0", "--kinds", *shown]).kinds == shown
     numbers = json.loads(json.dumps(inspection.to_json(inspection.available_kinds())))
@@ -381,3 +387,19 @@ def test_lstm_plot_takes_the_documented_trace(tmp_path):
     paths = plots.draw(inspection, ["lstm"], str(tmp_path))
     assert_pictures(str(tmp_path), [os.path.basename(p) for p in paths])
     assert np.allclose(inspection.to_json(["lstm"])["lstm"]["weights"], weights.numpy())
+
+
+@pytest.mark.parametrize("name", [name for name, method in REGISTRY.items()
+                                  if not method.combined and name != "structural-positions"])  # needs parses
+def test_every_method_outside_the_all_at_once_model_is_shown_alone(name, tmp_path):
+    """A method that cannot join the others (it excludes a term they use) is a kind of its own in a model of its
+    first variant, on every side that takes it, and draws; or, where it learns nothing and has no fixed pattern,
+    shows nothing (``SHOWS_NOTHING``)."""
+    variant = next(iter(REGISTRY[name].variants))
+    model = randomized(build_model("transformer_posattn", both_sides(variant)))
+    net_input = {"src_tokens": torch.tensor([[4, 5, 6, 7, 8, 2]]), "src_lengths": torch.tensor([6]),
+                 "prev_output_tokens": torch.tensor([[2, 9, 10, 11, 12]])}
+    inspection = inspect_model(model, TinyTask(), {"net_input": net_input}, "given")
+    assert inspection.available_kinds() == ["attention"] + ([] if name in SHOWS_NOTHING else [name])
+    paths = plots.draw(inspection, inspection.available_kinds(), str(tmp_path))
+    assert_pictures(str(tmp_path), sorted(os.path.basename(p) for p in paths))

@@ -13,6 +13,7 @@ from fairseq_posattn.modules.attention import PositionAwareMultiheadAttention
 from posattn.attention import EXPLICIT, FLEX, SDPA, PositionTerms
 from posattn.position_context import PositionContext, SequenceTables
 from posattn.position_terms.base import AdditiveLogitBias, apply_densely
+from posattn.position_terms.registry import REGISTRY
 from core_helpers import COMBINED
 from test_attention_terms import E, H, T_MAX, VARIANTS, AllAtOnce, applies, batch, build_attention, causal_mask, \
     context, side_cases
@@ -20,8 +21,11 @@ from test_attention_terms import E, H, T_MAX, VARIANTS, AllAtOnce, applies, batc
 #: every variant whose terms all have a score_mod form, and all of them at once (keys-only Shaw)
 FUSABLE = {name: values for name, values in VARIANTS.items()
            if build_attention(values, causal=not applies(values, False)).fusable()}
-FUSABLE["all-fusable-at-once"] = AllAtOnce(  # without the terms that need the matrix
-    {k: v for k, v in COMBINED.items() if k not in ("conv_attention", "cope")}, relative_positions_keys_only=True)
+#: the options, in the all-at-once model, of the methods none of whose variants is fusable (they need the matrix)
+MATRIX_OPTIONS = {name for method in REGISTRY.values() if not any(v in FUSABLE for v in method.variants)
+                  for name in method.combined}
+FUSABLE["all-fusable-at-once"] = AllAtOnce({k: v for k, v in COMBINED.items() if k not in MATRIX_OPTIONS},
+                                           relative_positions_keys_only=True)
 CASES = [(False, "left"), (False, "right"), (True, "right"), (True, "decoding")]
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
 

@@ -1,6 +1,7 @@
 """transformers' own model tests (a selection, tests/transformers_selection/README.md) on models that
 posattn_huggingface switched to a position method: no method, ALiBi and KERPLE-log on Llama and GPT-2, no
-method and distance-aware on BERT.
+method and distance-aware on BERT; ``CausalLMModelTest`` with ALiBi on Qwen2, Qwen3, Mistral, Gemma 2,
+Phi-3, OLMo-2 and GPT-NeoX.
 
 The copied tests are transformers' code, unchanged; the one hook is here: every model class they use (the test
 class's ``all_model_classes``, the model tester's classes, the classes the test files call by name) is replaced by a
@@ -9,6 +10,7 @@ class's ``all_model_classes``, the model tester's classes, the classes the test 
 (the model class's own loses the method by design, docs/huggingface.md).
 """
 
+import unittest
 from typing import Any, Dict, List
 from unittest import mock
 
@@ -19,6 +21,7 @@ transformers = pytest.importorskip("transformers", reason="transformers is not i
 
 import posattn_huggingface as hf  # noqa: E402
 from transformers_selection import modeling_bert as bert_tests  # noqa: E402
+from transformers_selection.causal_lm_tester import CausalLMModelTest, CausalLMModelTester  # noqa: E402
 from transformers_selection import modeling_common  # noqa: E402
 from transformers_selection import modeling_gpt2 as gpt2_tests  # noqa: E402
 from transformers_selection import modeling_llama as llama_tests  # noqa: E402
@@ -116,6 +119,22 @@ def _switched_test_classes(family: str, test_class: type, methods: Dict[str, Dic
 globals().update(_switched_test_classes("Llama", llama_tests.LlamaModelTest, DECODER_METHODS, [llama_tests]))
 globals().update(_switched_test_classes("GPT2", gpt2_tests.GPT2ModelTest, DECODER_METHODS, [gpt2_tests]))
 globals().update(_switched_test_classes("Bert", bert_tests.BertModelTest, ENCODER_METHODS, [bert_tests]))
+
+
+def _causal_lm_test(base_model_class: type) -> type:
+    """transformers' ``CausalLMModelTest`` (the copied selection) of a family: its tester names only the family's
+    base model class, from which ``CausalLMModelTester`` infers its configuration and head classes."""
+    name = base_model_class.__name__.replace("Model", "")
+    tester = type(f"{name}ModelTester", (CausalLMModelTester,), {"base_model_class": base_model_class})
+    return type(f"{name}ModelTest", (CausalLMModelTest, unittest.TestCase), {"model_tester_class": tester})
+
+
+#: the other families whose layers bring most of their own (docs/huggingface.md, "Model families"): a sliding window
+#: and grouped heads, Gemma's soft-capping, Phi-3's fused projection, GPT-NeoX's partial rotation and cache keyword;
+#: with ALiBi
+for _family in ("Qwen2", "Qwen3", "Mistral", "Gemma2", "Phi3", "Olmo2", "GPTNeoX"):
+    globals().update(_switched_test_classes(_family, _causal_lm_test(getattr(transformers, f"{_family}Model")),
+                                            {"alibi": {"alibi": True}}, []))
 
 
 def test_the_hook_switches_every_model_the_copied_tests_build():

@@ -42,7 +42,8 @@ TOO_LONG_IN_FAIRSEQ = ("retrain with a larger {option} (at least {length}) or dr
 #: position embeddings), by their names in the state dict: what ``--{side}-reset-position-options`` may reshape
 METHOD_MODULES = frozenset({"query_key_terms", "additive_terms", "scaling_term", "key_value_terms",
                             "post_softmax_term", "projection_term", "token_difference_terms", "row_term",
-                            "position_shared", "position_input", "embed_positions"})
+                            "logit_matrix_terms",
+                            "content_term", "position_shared", "position_input", "embed_positions"})
 
 logger = logging.getLogger(__name__)
 
@@ -75,7 +76,9 @@ class PositionSide:
 
     def attach(self, owner: nn.Module) -> None:
         """Register on ``owner``, once its layers are built, the record of its options
-        (``position_record``) and the modules its layers' terms share (``position_shared``)."""
+        (``position_record``) and the modules its layers' terms share (``position_shared``); refuses
+        ``--{side}-layer-methods`` that leave a method on in none of the layers built."""
+        self.options.check_layer_count(self.layers_built)
         owner.position_record = PositionOptionsRecord.of_side(self.options)
         owner.position_shared = nn.ModuleDict(self.options.shared)
 

@@ -1,4 +1,4 @@
-"""The eight kinds of position term, in the spirit of x-transformers' position modules.
+"""The kinds of position term, in the spirit of x-transformers' position modules.
 
 The attention kernel (:mod:`posattn.attention`) owns projections, masking, softmax
 and dropout; a position term only says how it changes one step of that computation:
@@ -11,7 +11,12 @@ and dropout; a position term only says how it changes one step of that computati
 - :class:`LogitScaling`: rescales the content logits elementwise;
 - :class:`KeyValueAugmentation`: adds a key vector and a value vector per (query, key) pair;
 - :class:`RowDependentBias`: adds a bias computed from each query's row of masked logits;
-- :class:`PostSoftmaxTransform`: transforms the post-softmax attention matrix.
+- :class:`PostSoftmaxTransform`: transforms the post-softmax attention matrix;
+- :class:`AttentionNormalisation`: turns the masked logits into the weights in place of the softmax;
+- :class:`ContentLogits`: computes the content logits itself, from the queries, the keys and per-token values of
+  the layer's input;
+- :class:`LogitMatrixTransform`: transforms every head's masked logits at once (and, optionally, every head's
+  weights after the softmax).
 
 Which method is of which kind is docs/design.md's table (a method's file names its kind). Terms read token
 geometry from a :class:`~posattn.position_context.PositionContext`, which is built once per
@@ -19,7 +24,7 @@ batch and shared by every layer.
 """
 
 import itertools
-from typing import Callable, Dict, Hashable, List, Optional, Tuple
+from typing import Any, Callable, Dict, Hashable, List, NamedTuple, Optional, Tuple
 
 import torch
 from torch import Tensor, nn
@@ -193,6 +198,10 @@ class ProjectionScaling(PositionTerm):
 class QueryKeyTransform(PositionTerm):
     """Kind 0: a transform of the queries and keys of the current tokens, before the cache."""
 
+    #: the transform undoes the queries' scale ``1/sqrt(head_dim)`` to read the projected query (it is not linear in
+    #: the query): a front-end whose model scales the logits otherwise refuses it
+    reads_unscaled_query: bool = False
+
     def forward(self, q: Tensor, k: Tensor, ctx: PositionContext) -> Tuple[Tensor, Tensor]:
         """``q`` (scaled) and ``k`` of shape ``(batch, heads, tgt_len, head_dim)``; the current
         tokens are the last ``tgt_len`` of the context."""
@@ -353,3 +362,85 @@ class PostSoftmaxTransform(PositionTerm):
         blocked); the transform must give those entries zero weight.
         """
         raise NotImplementedError
+
+
+class AttentionNormalisation(PositionTerm):
+    """Kind 8 (step 6, in place of the softmax): the weights that multiply the values, computed from each query's
+    row of masked logits (e.g. a weight per key broken off what the nearer keys leave). At most one per layer; it
+    needs the whole row, so a layer with it takes the explicit path. A decoding step's row holds every cached key,
+    so nothing is cached."""
+
+    def forward(self, logits: Tensor, ctx: PositionContext) -> Tensor:
+        """The weights ``(batch, heads, tgt_len, src_len)`` for ``logits`` of that shape (``-inf`` where a query may
+        not see a key; the queries are the last ``tgt_len`` of ``src_len`` tokens), zero where a query may not see
+        a key, in :func:`at_least_fp32` of the logits' dtype (the kernel casts them to the values')."""
+        raise NotImplementedError
+
+
+#: the first letters of a content-logits term's decoding-state key (a front-end's cache finds it by them)
+CONTENT_STATE_PREFIX = "prev_content"
+
+
+class ContentLogits(PositionTerm):
+    """Kind 9 (step 2, in place of ``q k^T``): the content logits computed by the term from the scaled queries, the
+    keys and values it computes from the layer's input ``x`` in every call (e.g. data-dependent transforms of each
+    key on its way to each later query). Causal sides only; at most one per layer, which takes the explicit path.
+    Incremental decoding caches the keys as the term returns them (brought up to the last token, so that the next
+    step continues from them) and the term's own state under :attr:`cache_key`, batch first."""
+
+    #: the decoding-state key of what :meth:`token_values` returns to cache (batch first; it begins with
+    #: :data:`CONTENT_STATE_PREFIX`)
+    cache_key: str = "prev_content_state"
+
+    def token_values(self, x: Tensor, ctx: PositionContext, earlier: Optional[Tensor]) -> Tuple[Any, Tensor]:
+        """The values :meth:`content_logits` reads for the current tokens, whose layer input is ``x`` ``(tgt_len,
+        batch, embed_dim)``, and the state to cache for the next step; ``earlier``: the cached state (None: the
+        first call)."""
+        raise NotImplementedError
+
+    def content_logits(self, q: Tensor, k: Tensor, values: Any, keep_keys: bool) -> Tuple[Tensor, Optional[Tensor]]:
+        """The ``(batch, heads, tgt_len, src_len)`` logits of the scaled queries ``q`` of the last ``tgt_len`` tokens
+        and the keys ``k`` of every token (the first ``src_len - tgt_len`` as this term returned them at the last
+        step): a fresh tensor, in at least fp32; and with ``keep_keys`` the keys to cache, in ``k``'s dtype (else
+        None)."""
+        raise NotImplementedError
+
+
+class LogitParts(NamedTuple):
+    """What a :class:`LogitMatrixTransform` that reads them gets beside the logits, each ``(batch or 1, heads,
+    tgt_len, src_len)``, finite everywhere (before the masks): the content logits (steps 2-3: ``q k^T / sqrt(d_h)``,
+    the key terms, the logit scaling) and the sum of the layer's additive biases (step 4's)."""
+
+    content: Tensor
+    bias: Tensor
+
+
+class LogitMatrixTransform(PositionTerm):
+    """Kind 10 (step 5, last): a transform of every head's masked logits at once, ``(batch, heads, tgt_len,
+    src_len)`` (a convolution over queries and keys, an MLP across heads), and optionally of every head's weights
+    after the softmax (:meth:`weights`, where :attr:`transforms_weights`: a mixing of heads). It needs the whole
+    matrix, so a layer with it takes the explicit path. A layer may hold several, applied in registration order;
+    on a causal side each may return rows that incremental decoding hands back as ``history``."""
+
+    #: the term reads the content logits and the layer's additive biases apart (:class:`LogitParts`)
+    reads_bias: bool = False
+    #: the term also transforms the weights after the softmax (:meth:`weights`)
+    transforms_weights: bool = False
+    #: the term returns rows for incremental decoding to hand back (a front-end's cache must keep them)
+    keeps_rows: bool = False
+
+    def forward(self, logits: Tensor, ctx: PositionContext, history: Optional[Tensor],
+                parts: Optional[LogitParts]) -> Tuple[Tensor, Optional[Tensor]]:
+        """The new logits of the shape of ``logits`` and the rows to cache for the next decoding step (None: none).
+
+        ``logits`` are zero where a query may not see a key (where they were -inf: the kernel masks those entries
+        again afterwards, whatever the term puts there); a padded query row keeps what the kernel gave it (a
+        term that reads across rows zeroes it, ``ctx.query_padding_mask``); the queries are the last ``tgt_len`` of
+        ``src_len`` tokens. ``history``: what the term returned as rows in the previous decoding step (None in a
+        full pass and the first step). ``parts``: where :attr:`reads_bias`, else None."""
+        raise NotImplementedError
+
+    def weights(self, probs: Tensor, ctx: PositionContext) -> Tensor:
+        """The weights ``(batch, heads, tgt_len, src_len)`` after the softmax, transformed (where
+        :attr:`transforms_weights`); zero where ``probs`` is zero in every head (a key a query may not see)."""
+        return probs

@@ -46,6 +46,7 @@ from posattn.position_terms.base import (
     same_dtype,
 )
 from posattn.position_terms.quantities import BARS, CURVE, Quantity
+from posattn.sharding import gathered
 from posattn.position_terms.registry import LayerSpec, MethodOption, PositionMethod, register
 
 #: the authors' lower clamp of r1 and r2, and the power variant's upper clamp of r2
@@ -106,8 +107,9 @@ class KerpleBias(AdditiveLogitBias):
         raw = self.side_parameters
         dtype = at_least_fp32(raw.r1.dtype)
         high = KERPLE_MAX_POWER if self.kernel == "power" else float("inf")
-        return (clamp_passing_gradient(same_dtype(raw.r1, dtype), KERPLE_EPS),
-                clamp_passing_gradient(same_dtype(raw.r2, dtype), KERPLE_EPS, high))
+        r1, r2 = (gathered(value, "KERPLE's r1 and r2 (position_shared.kerple)") for value in (raw.r1, raw.r2))
+        return (clamp_passing_gradient(same_dtype(r1, dtype), KERPLE_EPS),
+                clamp_passing_gradient(same_dtype(r2, dtype), KERPLE_EPS, high))
 
     def by_distance(self, length: int, device: torch.device) -> Tensor:
         """``(heads, length)``: the bias of every distance ``0 .. length - 1``, in fp32 (fp64 for a double

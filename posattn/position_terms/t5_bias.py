@@ -25,6 +25,7 @@ from torch import Tensor, nn
 from posattn.position_context import PositionContext, Preparation
 from posattn.position_terms.base import AdditiveLogitBias, ScoreMod, captured, lookup
 from posattn.position_terms.quantities import CURVE, TABLE, Quantity
+from posattn.sharding import gathered
 from posattn.position_terms.registry import (
     LayerSpec,
     MethodOption,
@@ -107,8 +108,9 @@ class T5RelativeBias(AdditiveLogitBias):
 
     @property
     def table(self) -> Tensor:
-        """The side's parameter, read at every call (FSDP swaps it for a view of its flat parameter)."""
-        return self.side_table.weight
+        """The side's parameter, read at every call (FSDP swaps it for a view of its flat parameter; refused
+        where FSDP2 left it sharded: :func:`~posattn.sharding.gathered`)."""
+        return gathered(self.side_table.weight, "T5's table (position_shared.t5_table)")
 
     def side_modules(self) -> List[nn.Module]:
         """The side-wide modules the term reads (the kernel and posattn-inspect count them as the term's)."""
