@@ -24,15 +24,14 @@ fp32 (fp64 for a double model), each key turned once, at its own step, before th
 (:class:`PRotaryEmbedding`) and HoPE's (:mod:`hope`) are it with their own counts.
 """
 
+import dataclasses
 from dataclasses import dataclass
-from typing import Any, List, Optional, Tuple
+from typing import Any, List, Optional
 
 import torch
 from torch import Tensor, nn
 
-from posattn.position_context import PositionContext, Preparation
-from posattn.position_terms.base import QueryKeyTransform, at_least_fp32
-from posattn.position_terms.quantities import CURVE, Quantity
+from posattn.position_terms.quantities import Quantity
 from posattn.position_terms.registry import (
     LayerSpec,
     MethodOption,
@@ -40,7 +39,7 @@ from posattn.position_terms.registry import (
     PositionOptionError,
     register,
 )
-from posattn.position_terms.rotary import rotary_frequencies, rotate_pairs, rotation_tables
+from posattn.position_terms.rotary import RotaryEmbedding, RotaryScaling, rotary_frequencies
 
 #: the fraction of the registered variant (the paper's experiments use p = 0.25 and 0.75)
 VARIANT_FRACTION = 0.75
@@ -61,58 +60,35 @@ def truncated_frequencies(head_dim: int, kept: int, dtype: torch.dtype,
 
 
 @dataclass(frozen=True)
-class TruncatedRotationTables(Preparation):
-    """:func:`~posattn.position_terms.rotary.rotation_tables` of the current tokens' positions times
-    :func:`truncated_frequencies`, ``(2, batch or 1, 1, tgt_len, head_dim)`` in ``dtype`` (fp32 at least): a pair
-    beyond ``kept`` has ``cos = 1``, ``sin = 0`` (turned by nothing)."""
+class TruncatedFrequencies(RotaryScaling):
+    """RoPE's frequencies with all but the first ``kept`` pairs' set to 0 (:func:`truncated_frequencies`): a pair
+    beyond ``kept`` has ``cos = 1``, ``sin = 0`` in RoPE's own tables (turned by nothing)."""
 
-    head_dim: int
-    kept: int
-    tgt_len: int
-    dtype: torch.dtype
+    kept: int = 0
 
-    def build(self, ctx: PositionContext) -> Tensor:
-        positions, _ = ctx.query_key_positions(self.tgt_len, ctx.length)  # the current tokens'
-        frequencies = truncated_frequencies(self.head_dim, self.kept, self.dtype, positions.device)
-        return torch.stack(rotation_tables(positions.to(self.dtype)[:, None, :, None] * frequencies))
+    def frequencies(self, head_dim: int, dtype: torch.dtype, device: Optional[torch.device] = None,
+                    length: Optional[Tensor] = None) -> Tensor:
+        return truncated_frequencies(head_dim, self.kept, dtype, device)
 
 
-class TruncatedRotaryEmbedding(QueryKeyTransform):
+class TruncatedRotaryEmbedding(RotaryEmbedding):
     """RoPE of the first ``kept`` pairs of dimensions on queries and keys of shape ``(batch, heads, tgt_len,
-    head_dim)``; the other pairs pass unturned."""
+    head_dim)``; the other pairs pass unturned (RoPE's tables and cache, of :class:`TruncatedFrequencies`)."""
 
     def __init__(self, head_dim: int, kept: int):
-        super().__init__()
-        self.head_dim, self.kept = head_dim, kept
+        super().__init__(head_dim, TruncatedFrequencies(kept=kept))
+        self.kept = kept
 
     def extra_repr(self) -> str:
         return f"head_dim={self.head_dim}, kept={self.kept}"
 
-    def forward(self, q: Tensor, k: Tensor, ctx: PositionContext) -> Tuple[Tensor, Tensor]:
-        tgt_len, dtype, length = q.size(2), at_least_fp32(q.dtype), ctx.length
-        table = ctx.sequence_table(  # incremental decoding: the sequence's angles, sliced per step
-            (TruncatedRotationTables, self.head_dim, self.kept, dtype), length,
-            lambda n: TruncatedRotationTables(self.head_dim, self.kept, n, dtype).build(
-                PositionContext.unpadded(n, q.device)), length_dim=-2)
-        if table is None:
-            table = ctx.prepared(TruncatedRotationTables(self.head_dim, self.kept, tgt_len, dtype))
-        else:
-            table = table[..., length - tgt_len : length, :]
-        cos, signed_sin = table
-        return rotate_pairs(q, cos, signed_sin), rotate_pairs(k, cos, signed_sin)
-
     def inspect(self, positions: int) -> List[Quantity]:
-        """Nothing is learned; shown is what the rotation alone does to a logit: ``q_i . k_j`` of a query and a key
-        equal to the same vector of ones, over ``|q| |k|``, i.e. the mean over the pairs k of ``cos((i - j)
-        theta'_k)`` (1 for an unturned pair), for the first ``positions`` positions (every head alike)."""
-        distance = torch.arange(-(positions - 1), positions, dtype=torch.float64)
-        frequencies = truncated_frequencies(self.head_dim, self.kept, torch.float64)
-        pattern = torch.cos(distance[:, None] * frequencies).mean(dim=1)
-        return [Quantity("angle-pattern", pattern[None].float(), CURVE,
-                         f"rotation's effect on q_i . k_j of equal contents ({self.kept} of "
-                         f"{self.head_dim // 2} pairs turned; every head)",
-                         axes=("i - j (query position minus key position)", "mean cos((i - j) theta'_k)"),
-                         ticks=(distance.long().tolist(),))]
+        """RoPE's angle pattern (``mean cos((i - j) theta'_k)``, 1 for an unturned pair), its description naming the
+        pairs turned."""
+        pattern, = super().inspect(positions)
+        title = (f"rotation's effect on q_i . k_j of equal contents ({self.kept} of {self.head_dim // 2} pairs "
+                 "turned; every head)")
+        return [dataclasses.replace(pattern, title=title)]
 
 
 class PRotaryEmbedding(TruncatedRotaryEmbedding):
