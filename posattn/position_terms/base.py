@@ -292,6 +292,15 @@ class TokenDifferenceBias(PositionTerm):
         those of the current tokens, whose layer input is ``x`` of shape ``(tgt_len, batch, embed_dim)``."""
         raise NotImplementedError
 
+    @staticmethod
+    def continued_sums(increments: Tensor, earlier: Optional[Tensor]) -> Tensor:
+        """Cumulative sums of the current tokens' ``increments`` ``(batch, heads, tgt_len)`` over the last axis,
+        continued from the last of ``earlier`` (the cached tokens' sums; None in a full pass) and following them."""
+        values = increments.cumsum(dim=-1)
+        if earlier is None:
+            return values
+        return torch.cat([earlier, values + earlier[..., -1:]], dim=-1)
+
     def bias_of(self, values: Tensor, tgt_len: int) -> Tensor:
         """``(batch, heads, tgt_len, src_len)``: ``c_i - c_j`` for the last ``tgt_len`` tokens as queries."""
         return values[:, :, -tgt_len:, None] - values[:, :, None, :]

@@ -32,7 +32,6 @@ Choices:
 
 from typing import Any, List, Optional
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -64,10 +63,7 @@ class ContextAwareSlopeBias(TokenDifferenceBias):
 
     def token_values(self, x: Tensor, ctx: PositionContext, earlier: Optional[Tensor]) -> Tensor:
         """``c`` of every token: the earlier tokens' followed by the sums continued over the current ones."""
-        values = -self.slopes(x, ctx).cumsum(dim=-1)
-        if earlier is None:
-            return values
-        return torch.cat([earlier, values + earlier[..., -1:]], dim=-1)
+        return self.continued_sums(-self.slopes(x, ctx), earlier)
 
     def inspect(self, positions: int) -> List[Quantity]:
         """Per head, the slope at a zero input ``softplus(b_h)`` and the norm of its weights ``|w_h|`` (the slopes

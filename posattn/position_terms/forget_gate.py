@@ -65,10 +65,7 @@ class ForgetGateBias(TokenDifferenceBias):
 
     def token_values(self, x: Tensor, ctx: PositionContext, earlier: Optional[Tensor]) -> Tensor:
         """``c`` of every token: the earlier tokens' followed by the sums continued over the current ones."""
-        values = self.log_gates(x, ctx).cumsum(dim=-1)
-        if earlier is None:
-            return values
-        return torch.cat([earlier, values + earlier[..., -1:]], dim=-1)
+        return self.continued_sums(self.log_gates(x, ctx), earlier)
 
     def inspect(self, positions: int) -> List[Quantity]:
         """Per head, the gate at a zero input ``sigmoid(b_h)`` and the norm of its weights ``|w_h|`` (the gates
