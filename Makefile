@@ -7,7 +7,7 @@ STAMP := $(VENV)/.fairseq-posattn-installed
 FAIRSEQ_WHEEL := $(VENV)/wheels
 
 .PHONY: install quickstart test test-fast test-matrix docs benchmark benchmark-full benchmark-pytorch require-gpu \
-	gpu-check gpu-verify gpu-wheels check-install clean
+	gpu-check gpu-verify gpu-wheels check-install check-library-kernels clean
 
 install: $(STAMP)
 
@@ -37,6 +37,15 @@ test: install
 
 test-fast: install
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PYTEST) -m "not slow" tests
+
+# The library path (docs/methods.md, PaTH attention): flash-linear-attention's fused PaTH kernel against the explicit
+# path, on the CPU under Triton's interpreter (tests/test_library_kernels.py). fla-core and Triton (200 MB) go to
+# build/library-site/, beside the virtualenv, never into it.
+LIBRARY_SITE := build/library-site
+check-library-kernels: install
+	test -d $(LIBRARY_SITE)/fla || $(PIP) install -q --no-deps --target $(LIBRARY_SITE) -r requirements/library_kernels.txt
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" PYTHONPATH="$(CURDIR)/$(LIBRARY_SITE)" TRITON_INTERPRET=1 \
+		$(PY) -m pytest -q -ra -p no:cacheprovider tests/test_library_kernels.py
 
 # The support matrix (docs/install.md, "Tested versions"): a fresh virtualenv per end of each declared range (Python,
 # torch, transformers) under .matrix/, each front-end's tests there, the table written into docs/install.md

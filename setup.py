@@ -1,7 +1,8 @@
 """Packaging of fairseq-posattn (README: "Install into your own environment"): the library ``posattn``, which
 needs torch alone (the base requirements), and its fairseq front-end ``fairseq_posattn``, whose libraries come
 with the extras ``plugin`` (the pipeline's libraries, for a user who brings fairseq), ``fairseq`` (those and
-fairseq), ``parse`` (those and the parsers) and ``hf`` (transformers 5, for ``posattn_huggingface``).
+fairseq), ``parse`` (those and the parsers), ``hf`` (transformers 5, for ``posattn_huggingface``) and ``fla``
+(flash-linear-attention's fused kernels, for PaTH on CUDA).
 
 fairseq itself is not in ``install_requires``: two distributions provide the ``fairseq`` import
 (the official ``fairseq==0.12.2``, which imports on Python < 3.11 only, and ``fairseq-fixed``, the
@@ -45,6 +46,8 @@ TORCH = "torch>=2.3"  # torch.compiler.is_compiling; scaled_dot_product_attentio
 #: the oldest transformers and torch that pass the front-end's tests (posattn_huggingface/compatibility.py refuses
 #: others)
 HF = ["transformers>=5.13,<6", "accelerate>=1.1", "torch>=2.10"]
+#: flash-linear-attention's fused kernels (PaTH on CUDA: posattn/library_kernels.py); its Triton comes with CUDA torch
+FLA = ['fla-core==0.6.0; python_version >= "3.10"', 'einops>=0.8; python_version >= "3.10"']
 
 setup(
     name="fairseq-posattn",
@@ -62,7 +65,7 @@ setup(
     python_requires=PYTHON_REQUIRES,  # the code needs 3.9: tests/test_packaging.py checks it with vermin
     install_requires=[TORCH],
     extras_require={"plugin": PLUGIN, "fairseq": PLUGIN + FAIRSEQ, "parse": PLUGIN + PARSE, "test": TEST,
-                    "hf": HF},
+                    "hf": HF, "fla": FLA},
     # the fairseq front-end's commands, installed with or without an extra: without fairseq or the front-end's
     # libraries each says in one line which extra to install (fairseq_posattn/__init__.py), no traceback
     entry_points={"console_scripts": [

@@ -35,6 +35,10 @@ of tensors prepared once per batch. Each call takes the path its terms allow (:m
 - ``flex_attention``: on CUDA, when every term that changes a logit has a ``score_mod`` form and at
   least one of them learns or rescales (compiled ``flex_attention``, a block mask for padding and
   causality prepared once per batch; no (length x length) tensor is kept for the backward pass);
+- ``library``: an outside library's fused kernel for the whole attention, declared by the layer's content-logits or
+  normalisation term (:class:`~posattn.position_terms.base.LibraryAttention`: PaTH in flash-linear-attention's
+  ``parallel_path_attn``), on a pad-free causal full pass without attention dropout, where the library is
+  installed and takes the call (on CUDA);
 - ``explicit``: steps 2-7 written out, when a term needs the attention matrix (a post-softmax transform, a
   key/value augmentation's value term, a row-dependent bias, a normalisation in place of the softmax) or the call
   asks for the weights.
@@ -77,6 +81,7 @@ from posattn.position_terms.base import (
     AdditiveLogitBias,
     AttentionNormalisation,
     ContentLogits,
+    LibraryAttention,
     LogitMatrixTransform,
     LogitParts,
     KeyValueAugmentation,
@@ -105,7 +110,7 @@ except ImportError:  # pragma: no cover - older torch: SDPA chooses its backend 
 
 logger = logging.getLogger(__name__)
 
-EXPLICIT, SDPA, FLEX = "explicit", "sdpa", "flex_attention"
+EXPLICIT, SDPA, FLEX, LIBRARY = "explicit", "sdpa", "flex_attention", "library"
 #: the SDPA path's forms (:meth:`PositionKernel.sdpa_form`), from the fastest
 IS_CAUSAL, NO_MASK, BOOLEAN_MASK, FLOAT_MASK = "is_causal", "no mask", "boolean mask", "float mask"
 #: ``--{side}-attention-kernel`` values
@@ -216,6 +221,8 @@ class PositionKernel(nn.Module):
         self.rescales = self.scaling_term is not None or len(self.key_value_terms) > 0
         self.learned_bias = any(learns(term) for term in (*self.additive_terms, *self.token_difference_terms))
         self.pointwise = self.fusable()
+        # in a tuple: an attribute holding the module itself would register it a second time (in the state dict)
+        self._library_term = (self.term_with_library_kernel(),)
         self._logged_paths: set = set()
         self._configuration: Optional[Tuple[str, ...]] = None
 
@@ -251,6 +258,19 @@ class PositionKernel(nn.Module):
     def fusable(self) -> bool:
         """Every term of the layer has a pointwise form (``flex`` is allowed)."""
         return not self.needs_matrix() and all(term.has_score_mod() for term in self.score_terms())
+
+    def term_with_library_kernel(self) -> Optional[LibraryAttention]:
+        """The layer's term whose library kernel may compute its whole attention: its one content-logits or
+        normalisation term that declares one, where every other term is a query/key transform or a projection
+        scaling (or a token-difference bias, which the kernel takes as its gate); None otherwise."""
+        declared = [term for term in (self.content_term, self.normalisation_term) if isinstance(term, LibraryAttention)]
+        if len(declared) != 1:
+            return None
+        term = declared[0]
+        others = [other for other in self.all_terms() if other is not term
+                  and not isinstance(other, (QueryKeyTransform, ProjectionScaling))
+                  and not (term.takes_gate and isinstance(other, TokenDifferenceBias))]
+        return None if others else term
 
     def token_values(self, x: Tensor, ctx: PositionContext,
                      earlier: Optional[Sequence[Optional[Tensor]]] = None) -> List[Tensor]:
@@ -298,14 +318,21 @@ class PositionKernel(nn.Module):
             yield term.bias_of(token_values, tgt_len)
 
     def path(self, need_weights: bool, device: torch.device, decoding: bool,
-             kernel: Optional[str] = None) -> Tuple[str, str]:
+             kernel: Optional[str] = None, pad_free: bool = True, dtype: torch.dtype = torch.float32) -> Tuple[str, str]:
         """The path of one call and why, derived from what the terms declare (module docstring); ``kernel``:
-        ``auto``, ``explicit`` or ``flex`` for this call (None: the layer's)."""
+        ``auto``, ``explicit`` or ``flex`` for this call (None: the layer's); ``pad_free``: the batch holds no pad;
+        ``dtype``: the queries'."""
         kernel = self.kernel if kernel is None else kernel
         if need_weights:
             return EXPLICIT, "the attention weights were asked for"
         if kernel == "explicit":
             return EXPLICIT, "--attention-kernel explicit"
+        if self.library_term is not None and kernel == "auto":
+            refusal = self.library_refusal(device, decoding, pad_free, dtype)
+            if not refusal:
+                return LIBRARY, self.library_term.library_kernel
+            if device.type == "cuda":
+                return EXPLICIT, f"{self.library_term.library_kernel} does not take this call: {refusal}"
         if self.needs_matrix():
             return EXPLICIT, ("a term needs the attention matrix (a post-softmax transform, a value term, a "
                               "row-dependent bias, a normalisation in place of the softmax or a logit-matrix "
@@ -318,6 +345,23 @@ class PositionKernel(nn.Module):
         if not self.rescales:
             return SDPA, "query/key transforms and additive biases only"
         return EXPLICIT, "a term rescales the logits and flex_attention is not used here"
+
+    @property
+    def library_term(self) -> Optional[LibraryAttention]:
+        """The layer's term whose library kernel may compute its whole attention (:meth:`term_with_library_kernel`)."""
+        return self._library_term[0]
+
+    def library_refusal(self, device: torch.device, decoding: bool, pad_free: bool, dtype: torch.dtype) -> str:
+        """Why the layer's library kernel does not take a call (empty: it does): a library kernel computes a
+        pad-free causal full pass without attention dropout, where its term finds the library and the call's
+        device and dtype its kernel's."""
+        if decoding:
+            return "a decoding step (the explicit path continues from the cached keys)"
+        if not pad_free:
+            return "a batch with pads (the kernel has no padding mask)"
+        if self.training and self.dropout_module.p > 0:
+            return "attention dropout (the kernel has none)"
+        return self.library_term.library_refusal(device, dtype)
 
     def configuration(self) -> Tuple[str, ...]:
         """What the kernels see of this layer besides dtype, device and the batch: its sizes and its terms
@@ -383,18 +427,22 @@ class PositionKernel(nn.Module):
             raise ValueError(f"{self.where}: a token-difference or content-logits term computes its values from the "
                              "layer input: pass it (x)")
         values = self.token_values(x, ctx, earlier) if self.token_difference_terms else []
-        content, kept_keys = self.content_of(q, k, ctx, x, state)
 
-        path, reason = self.path(need_weights, q.device, decoding=state is not None, kernel=kernel)
+        path, reason = self.path(need_weights, q.device, decoding=state is not None, kernel=kernel,
+                                 pad_free=ctx.pad_free, dtype=computed_dtype(q))
         form = self.sdpa_form(ctx, q.size(2), k.size(2)) if path == SDPA else None
         if path != EXPLICIT and not fused_path_agrees(self, path, ctx, computed_dtype(q), q.size(2), k.size(2), form):
             kernel_name = path if form is None else f"{path} ({form})"
             path, reason = EXPLICIT, f"the {kernel_name} kernel failed its self-check here"
         self._log_path(path, reason)
         softmax = probs = rows = None
+        kept_keys: Optional[Tensor] = None
         if path == EXPLICIT:
+            content, kept_keys = self.content_of(q, k, ctx, x, state)
             out, softmax, probs, rows = self._attend_explicitly(q, k, v, ctx, attn_mask, history, values, state=state,
                                                                 content=content)
+        elif path == LIBRARY:
+            out = self._attend_library(q, k, v, ctx, x, values)
         elif path == FLEX:
             out = self._attend_flex(q, k, v, ctx, values)
         else:
@@ -422,6 +470,8 @@ class PositionKernel(nn.Module):
             return self._attend_explicitly(q, k, v, ctx, attn_mask, None, values, dropout=False, content=content)[0]
         if path == FLEX:
             return self._attend_flex(q, k, v, ctx, values)
+        if path == LIBRARY:
+            return self._attend_library(q, k, v, ctx, x, values)
         return self._attend_fused(q, k, v, ctx, values, dropout=False)
 
     def sdpa_form(self, ctx: PositionContext, tgt_len: int, src_len: int) -> str:
@@ -452,6 +502,19 @@ class PositionKernel(nn.Module):
         if mask is None:  # on CUDA any backend: FlashAttention, cuDNN, memory-efficient, math
             return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=form == IS_CAUSAL, scale=1.0)
         return masked_sdpa(q, k, v, mask, dropout_p)
+
+    def _attend_library(self, q: Tensor, k: Tensor, v: Tensor, ctx: PositionContext, x: Optional[Tensor],
+                        values: Sequence[Tensor]) -> Tensor:
+        """The library path: the layer's library term's kernel on the whole call, the token-difference biases'
+        values ``c`` (summed over the terms) handed to it as their per-token increments."""
+        if not (ctx.pad_free and ctx.causal and q.size(2) == k.size(2)):
+            raise ValueError(f"{self.where}: the library path computes a pad-free causal full pass only (no pads, no "
+                             "cached keys)")
+        gate = None
+        if values:
+            summed = sum(same_dtype(value, torch.float32) for value in values)
+            gate = torch.diff(summed, dim=-1, prepend=torch.zeros_like(summed[..., :1]))
+        return self.library_term.library_attention(q, k, v, ctx, x, gate)
 
     def float_mask(self, ctx: PositionContext, values: Sequence[Tensor], tgt_len: int, src_len: int,
                    dtype: torch.dtype) -> Tensor:

@@ -13,6 +13,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 import posattn
+from posattn.attention import EXPLICIT
+from posattn.library_kernels import optional_module
+from posattn.position_terms.path_attention import FLA_MODULE
 from reference_attention import _path, _path_transform, randomize_, reference_attention, sentence_of
 
 E, H = 16, 2
@@ -217,3 +220,18 @@ def test_a_bidirectional_side_and_the_flex_kernel_are_refused_in_one_line() -> N
         posattn.SelfAttention(E, H, causal=False, path_attention=True)
     with pytest.raises(posattn.UserError, match="attention-kernel flex: --decoder-path-attention .* content logits"):
         posattn.SelfAttention(E, H, causal=True, path_attention=True, attention_kernel="flex")
+
+
+@pytest.mark.skipif(optional_module(FLA_MODULE)[0] is not None, reason="flash-linear-attention is installed here: "
+                                                                      "tests/test_library_kernels.py runs its path")
+def test_without_flash_linear_attention_cuda_takes_the_explicit_path_and_says_why() -> None:
+    """The library path's refusals, read from the path a CUDA call would take (no GPU needed to decide it): fla not
+    installed, a head size its kernel does not take; a layer with another logit term besides PaTH has no library
+    kernel (fla's kernel adds a gate only), and neither has stick-breaking."""
+    cuda = torch.device("cuda")
+    path, reason = posattn.SelfAttention(64, 4, causal=True, path_attention=True).path(False, cuda, decoding=False)
+    assert path == EXPLICIT and "flash-linear-attention is not installed (pip install \".[fla]\")" in reason
+    assert "heads of 16/32/64/128" in layer().library_term.library_refusal(cuda, torch.float32)  # heads of 8
+    assert posattn.SelfAttention(64, 4, causal=True, path_attention=True, forget_gate=True).library_term is not None
+    assert posattn.SelfAttention(64, 4, causal=True, path_attention=True, alibi=True).library_term is None
+    assert posattn.SelfAttention(64, 4, causal=True, stick_breaking=True).library_term is None

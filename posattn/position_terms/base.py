@@ -18,6 +18,9 @@ and dropout; a position term only says how it changes one step of that computati
 - :class:`LogitMatrixTransform`: transforms every head's masked logits at once (and, optionally, every head's
   weights after the softmax).
 
+A term of the last kinds may also declare an outside library's fused kernel for the whole attention
+(:class:`LibraryAttention`).
+
 Which method is of which kind is docs/design.md's table (a method's file names its kind). Terms read token
 geometry from a :class:`~posattn.position_context.PositionContext`, which is built once per
 batch and shared by every layer.
@@ -412,6 +415,35 @@ class ContentLogits(PositionTerm):
         and the keys ``k`` of every token (the first ``src_len - tgt_len`` as this term returned them at the last
         step): a fresh tensor, in at least fp32; and with ``keep_keys`` the keys to cache, in ``k``'s dtype (else
         None)."""
+        raise NotImplementedError
+
+
+class LibraryAttention:
+    """A term whose whole attention an outside library's fused kernel computes (its logits, their normalisation and
+    the weighted values: e.g. PaTH in flash-linear-attention's ``parallel_path_attn``), declared in the method's file
+    beside its explicit form. A layer takes it (the kernel's ``library`` path) on a pad-free causal full pass, without
+    attention dropout or the weights asked for, where its other terms are query/key transforms and projection
+    scalings (and token-difference biases, where :attr:`takes_gate`), and the term finds the library and the call's
+    device, dtype and sizes its kernel's (:meth:`library_refusal`); the kernel's self-check compares it with the
+    explicit path the first time each configuration comes. The library is imported only there
+    (:mod:`posattn.library_kernels`)."""
+
+    #: the library's kernel, as the logs name it
+    library_kernel: str = ""
+    #: the kernel adds the layer's token-difference biases ``c_i - c_j``, given the per-token increments of ``c``
+    takes_gate: bool = False
+
+    def library_refusal(self, device: torch.device, dtype: torch.dtype) -> str:
+        """Why the library's kernel cannot compute a call on ``device`` in ``dtype`` (the library missing, the
+        device, the dtype, the head size); empty where it can."""
+        raise NotImplementedError
+
+    def library_attention(self, q: Tensor, k: Tensor, v: Tensor, ctx: PositionContext, x: Optional[Tensor],
+                          gate: Optional[Tensor]) -> Tensor:
+        """The ``(batch, heads, length, head_dim)`` output of a pad-free causal full pass of the scaled queries
+        ``q``, keys ``k`` and values ``v`` ``(batch, heads, length, head_dim)``, whose layer input is ``x``
+        ``(length, batch, embed_dim)``; ``gate`` ``(batch, heads, length)`` in fp32: the per-token increments of
+        the token-difference biases' values (None: the layer has none)."""
         raise NotImplementedError
 
 

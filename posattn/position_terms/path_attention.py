@@ -38,7 +38,13 @@ Choices:
 - **incremental decoding** caches the keys carried up to the last token (the kernel's ``prev_key``; each step
   multiplies them by the new tokens' transforms, O(L d_h) per step and head) and the convolution's last two inputs;
 - **causal sides only**: the transforms accumulate along the order of the tokens (the option exists on the decoder
-  only).
+  only);
+- **the fused kernel**: on CUDA, where flash-linear-attention is installed (the extra ``fla``: ``fla-core``), a
+  pad-free full pass without attention dropout (a language model's training and scoring blocks) takes its
+  ``parallel_path_attn`` (the kernel's ``library`` path, self-checked against the explicit path), the forget gate's
+  values as its gate ``g`` (its increments, added unscaled as ours: the queries come scaled, its ``scale`` is 1).
+  It takes heads of 16, 32, 64 or 128 and casts ``w`` to fp16 inside; decoding, padded batches and other sizes take
+  the explicit path.
 """
 
 from typing import Any, List, Optional, Tuple
@@ -47,8 +53,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from posattn.library_kernels import optional_module, triton_runs_on
 from posattn.position_context import PositionContext
-from posattn.position_terms.base import ContentLogits, at_least_fp32, same_dtype
+from posattn.position_terms.base import ContentLogits, LibraryAttention, at_least_fp32, same_dtype
 from posattn.position_terms.quantities import BARS, Quantity
 from posattn.position_terms.registry import LayerSpec, MethodOption, PositionMethod, register
 
@@ -59,12 +66,19 @@ INIT_STD = 0.02
 LOW_RANK, CONV_SIZE, NORM_EPS = 32, 3, 1e-6
 #: tokens per chunk of the chunked form (fla's kernels use 32 or 64)
 CHUNK = 64
+#: flash-linear-attention's module of the fused kernel, the head sizes and the query dtypes it takes
+FLA_MODULE = "fla.ops.path_attn"
+FLA_HEAD_SIZES = (16, 32, 64, 128)
+FLA_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
-class PathTransforms(ContentLogits):
-    """``q_i^T H_i ... H_{j+1} k_j`` with ``H_t = I - beta_t w_t w_t^T`` of each head, computed from the layer input."""
+class PathTransforms(ContentLogits, LibraryAttention):
+    """``q_i^T H_i ... H_{j+1} k_j`` with ``H_t = I - beta_t w_t w_t^T`` of each head, computed from the layer input;
+    on CUDA, where flash-linear-attention is installed, the whole attention in its fused kernel (module docstring)."""
 
     cache_key = "prev_content_path_conv"
+    library_kernel = "flash-linear-attention's parallel_path_attn"
+    takes_gate = True
 
     def __init__(self, embed_dim: int, num_heads: int, head_dim: int, chunk: int = CHUNK):
         super().__init__()
@@ -109,6 +123,26 @@ class PathTransforms(ContentLogits):
                                        same_dtype(w, dtype), same_dtype(beta, dtype), min(self.chunk, tgt_len),
                                        keep_keys)
         return logits, (None if keys is None else same_dtype(keys, k.dtype))
+
+    def library_refusal(self, device: torch.device, dtype: torch.dtype) -> str:
+        if not triton_runs_on(device):
+            return f"its Triton kernels run on CUDA, not on {device.type}"
+        if dtype not in FLA_DTYPES or self.head_dim not in FLA_HEAD_SIZES:
+            return (f"it takes heads of {'/'.join(map(str, FLA_HEAD_SIZES))} in fp16, bf16 or fp32, not "
+                    f"{self.head_dim} in {str(dtype).replace('torch.', '')}")
+        error = optional_module(FLA_MODULE)[1]
+        return f"flash-linear-attention is not installed (pip install \".[fla]\"): {error}" if error else ""
+
+    def library_attention(self, q: Tensor, k: Tensor, v: Tensor, ctx: PositionContext, x: Optional[Tensor],
+                          gate: Optional[Tensor]) -> Tensor:
+        """fla's ``parallel_path_attn`` on the scaled queries (its ``scale`` 1), in its layout ``(batch, length,
+        heads, d)``, ``w`` and ``beta`` (and the gate) in fp32 as it asks."""
+        (w, beta), _ = self.token_values(x, ctx, None)
+        tokens_first = [t.transpose(1, 2) for t in (q, k, v, same_dtype(w, torch.float32))]
+        gate = None if gate is None else gate.transpose(1, 2)
+        kernel = optional_module(FLA_MODULE)[0].parallel_path_attn
+        out, _ = kernel(*tokens_first, same_dtype(beta, torch.float32).transpose(1, 2), gate, scale=1.0)
+        return out.transpose(1, 2)
 
     def inspect(self, positions: int) -> List[Quantity]:
         """Per head, ``beta`` at a zero input ``2 sigmoid(b_h)`` and the norm of its weights (``w`` and ``beta``
