@@ -36,9 +36,10 @@ from posattn.position_terms.rotary import rotary_frequencies
 
 #: the shortest training length that keeps a pair turning: the fastest pair's period, 2 pi (theta_0 = 1)
 SHORTEST_LENGTH = math.ceil(2 * math.pi)
-#: the training length of the registered variant (our choice: a length the tests' heads split into kept and
-#: unturned pairs)
-VARIANT_LENGTH = 512
+#: the training length of the registered variant: the length-extrapolation protocol's training length (its
+#: ``L_TRAIN``), so that its runs are HoPE as the paper defines it (the tests' heads split into kept and unturned pairs
+#: at it too)
+VARIANT_LENGTH = 64
 
 
 def high_frequency_pairs(head_dim: int, training_length: int) -> int:
