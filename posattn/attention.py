@@ -37,8 +37,8 @@ of tensors prepared once per batch. Each call takes the path its terms allow (:m
   causality prepared once per batch; no (length x length) tensor is kept for the backward pass);
 - ``library``: an outside library's fused kernel for the whole attention, declared by the layer's content-logits or
   normalisation term (:class:`~posattn.position_terms.base.LibraryAttention`: PaTH in flash-linear-attention's
-  ``parallel_path_attn``), on a pad-free causal full pass without attention dropout, where the library is
-  installed and takes the call (on CUDA);
+  ``parallel_path_attn``), on a causal full pass without attention dropout of a batch padded on the right (or not at
+  all), where the library is installed and takes the call (on CUDA);
 - ``explicit``: steps 2-7 written out, when a term needs the attention matrix (a post-softmax transform, a
   key/value augmentation's value term, a row-dependent bias, a normalisation in place of the softmax) or the call
   asks for the weights.
@@ -318,17 +318,18 @@ class PositionKernel(nn.Module):
             yield term.bias_of(token_values, tgt_len)
 
     def path(self, need_weights: bool, device: torch.device, decoding: bool,
-             kernel: Optional[str] = None, pad_free: bool = True, dtype: torch.dtype = torch.float32) -> Tuple[str, str]:
+             kernel: Optional[str] = None, left_padded: bool = False,
+             dtype: torch.dtype = torch.float32) -> Tuple[str, str]:
         """The path of one call and why, derived from what the terms declare (module docstring); ``kernel``:
-        ``auto``, ``explicit`` or ``flex`` for this call (None: the layer's); ``pad_free``: the batch holds no pad;
-        ``dtype``: the queries'."""
+        ``auto``, ``explicit`` or ``flex`` for this call (None: the layer's); ``left_padded``: a pad may come before
+        a real token (the side pads on the left); ``dtype``: the queries'."""
         kernel = self.kernel if kernel is None else kernel
         if need_weights:
             return EXPLICIT, "the attention weights were asked for"
         if kernel == "explicit":
             return EXPLICIT, "--attention-kernel explicit"
         if self.library_term is not None and kernel == "auto":
-            refusal = self.library_refusal(device, decoding, pad_free, dtype)
+            refusal = self.library_refusal(device, decoding, left_padded, dtype)
             if not refusal:
                 return LIBRARY, self.library_term.library_kernel
             if device.type == "cuda":
@@ -351,14 +352,15 @@ class PositionKernel(nn.Module):
         """The layer's term whose library kernel may compute its whole attention (:meth:`term_with_library_kernel`)."""
         return self._library_term[0]
 
-    def library_refusal(self, device: torch.device, decoding: bool, pad_free: bool, dtype: torch.dtype) -> str:
-        """Why the layer's library kernel does not take a call (empty: it does): a library kernel computes a
-        pad-free causal full pass without attention dropout, where its term finds the library and the call's
-        device and dtype its kernel's."""
+    def library_refusal(self, device: torch.device, decoding: bool, left_padded: bool, dtype: torch.dtype) -> str:
+        """Why the layer's library kernel does not take a call (empty: it does): a library kernel computes a causal
+        full pass without attention dropout and without a padding mask, right for a batch padded on the right (a
+        causal query never reads the pads after it; the pads' own rows are not compared: nothing reads them), where
+        its term finds the library and the call's device and dtype its kernel's."""
         if decoding:
             return "a decoding step (the explicit path continues from the cached keys)"
-        if not pad_free:
-            return "a batch with pads (the kernel has no padding mask)"
+        if left_padded:
+            return "a left-padded batch (the kernel has no padding mask, and a pad before a token would be read)"
         if self.training and self.dropout_module.p > 0:
             return "attention dropout (the kernel has none)"
         return self.library_term.library_refusal(device, dtype)
@@ -429,7 +431,7 @@ class PositionKernel(nn.Module):
         values = self.token_values(x, ctx, earlier) if self.token_difference_terms else []
 
         path, reason = self.path(need_weights, q.device, decoding=state is not None, kernel=kernel,
-                                 pad_free=ctx.pad_free, dtype=computed_dtype(q))
+                                 left_padded=ctx.positions is not None, dtype=computed_dtype(q))
         form = self.sdpa_form(ctx, q.size(2), k.size(2)) if path == SDPA else None
         if path != EXPLICIT and not fused_path_agrees(self, path, ctx, computed_dtype(q), q.size(2), k.size(2), form):
             kernel_name = path if form is None else f"{path} ({form})"
@@ -507,9 +509,9 @@ class PositionKernel(nn.Module):
                         values: Sequence[Tensor]) -> Tensor:
         """The library path: the layer's library term's kernel on the whole call, the token-difference biases'
         values ``c`` (summed over the terms) handed to it as their per-token increments."""
-        if not (ctx.pad_free and ctx.causal and q.size(2) == k.size(2)):
-            raise ValueError(f"{self.where}: the library path computes a pad-free causal full pass only (no pads, no "
-                             "cached keys)")
+        if not (ctx.causal and ctx.positions is None and q.size(2) == k.size(2)):
+            raise ValueError(f"{self.where}: the library path computes a causal full pass of a batch padded on the "
+                             "right only (no cached keys)")
         gate = None
         if values:
             summed = sum(same_dtype(value, torch.float32) for value in values)

@@ -271,12 +271,11 @@ def compared(attn: Any, path: str, lengths: Tuple[int, int], right: bool, causal
     compilation took. A flex_attention path is compared twice on the same batch: its compilation is the first
     call's time less the second's (the whole first call where it failed to run; then it is not called again).
     On the CPU, where flex_attention runs eagerly, that difference is its first call's own cost."""
-    from posattn.attention import FLEX, LIBRARY
+    from posattn.attention import FLEX
     from posattn.kernel_self_check import compare_paths
     from posattn.position_context import PositionContext
 
-    # a library kernel takes pad-free batches only (two sentences of the longer length)
-    ctx = PositionContext.example(lengths, right, causal, device, attn.all_terms(), pad_free=path == LIBRARY)
+    ctx = PositionContext.example(lengths, right, causal, device, attn.all_terms())
     first = compare_paths(attn, path, ctx, dtype, gradients=gradients)
     if path != FLEX:
         return [first], 0.0

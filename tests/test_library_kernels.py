@@ -1,6 +1,7 @@
 """The kernel's ``library`` path: PaTH attention in flash-linear-attention's fused ``parallel_path_attn``
-(fla-core), taken by a pad-free causal full pass, self-checked, equal to the explicit path with its gradients, and
-the explicit path, with its reason logged, where the kernel cannot compute the call.
+(fla-core), taken by a causal full pass of a batch without pads or padded on the right, self-checked, equal to the
+explicit path with its gradients, and the explicit path, with its reason logged, where the kernel cannot compute the
+call.
 
 fla's kernels are Triton kernels. On a CUDA device they run as they are; on the CPU, under Triton's interpreter
 (``make check-library-kernels`` installs fla-core and Triton beside the virtualenv and sets ``TRITON_INTERPRET=1``),
@@ -10,7 +11,7 @@ Triton (``make test``'s virtualenv) the file is skipped; tests/test_path_attenti
 
 import logging
 import os
-from typing import List
+from typing import List, Optional
 
 import pytest
 import torch
@@ -19,6 +20,7 @@ import posattn
 from posattn.attention import EXPLICIT, LIBRARY
 from posattn.kernel_self_check import forget_verdicts
 from posattn.library_kernels import optional_module
+from posattn.position_context import PositionContext
 from posattn.position_terms.path_attention import FLA_MODULE
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1" and not torch.cuda.is_available()
@@ -51,12 +53,17 @@ def path_layer(**options) -> posattn.SelfAttention:
     return posattn.SelfAttention(EMBED, HEADS, causal=True, path_attention=True, **options).to(DEVICE).train()
 
 
-def output_and_gradients(layer: posattn.SelfAttention, x: torch.Tensor, kernel: str) -> List[torch.Tensor]:
-    """The layer's output on ``x`` with ``kernel``, then the gradients of its input and of every parameter."""
+def output_and_gradients(layer: posattn.SelfAttention, x: torch.Tensor, kernel: str,
+                         pads: Optional[torch.Tensor] = None) -> List[torch.Tensor]:
+    """The layer's output on ``x`` (its real tokens' rows; ``pads``: True at the pads of a right-padded batch) with
+    ``kernel``, then the gradients (of the real rows' loss) of its input and of every parameter."""
     layer.kernel = kernel
     layer.zero_grad()
     x = x.detach().requires_grad_()
-    out = layer(x)
+    context = None if pads is None else PositionContext.from_padding(pads, True, causal=True)
+    out = layer(x, context=context)
+    if pads is not None:
+        out = out.masked_fill(pads[..., None], 0.0)
     out.square().mean().backward()
     return [out.detach(), x.grad] + [p.grad for p in layer.parameters()]
 
@@ -73,7 +80,7 @@ def test_a_pad_free_pass_takes_fla_self_checked_and_equal_to_the_explicit_path(f
     forget_verdicts()
     layer = path_layer(forget_gate=forget_gate)
     x = torch.randn(2, LENGTH, EMBED, device=DEVICE)
-    assert layer.path(False, DEVICE, decoding=False, pad_free=True)[0] == LIBRARY
+    assert layer.path(False, DEVICE, decoding=False)[0] == LIBRARY
     with caplog.at_level(logging.INFO, logger="posattn"):
         fused = output_and_gradients(layer, x, "auto")
     assert "library kernel (flash-linear-attention's parallel_path_attn)" in caplog.text
@@ -85,18 +92,29 @@ def test_a_pad_free_pass_takes_fla_self_checked_and_equal_to_the_explicit_path(f
     assert largest_relative_error(fused[:1], output_and_gradients(layer, x, "explicit")[:1]) > 1e-2
 
 
-def test_padded_batches_dropout_and_other_dtypes_take_the_explicit_path(caplog):
-    """What fla's kernel cannot compute (pads: it has no padding mask; attention dropout; fp64) takes the explicit
-    path, and the call's output is the explicit path's."""
+def test_a_right_padded_batch_takes_fla_equal_to_the_explicit_path_on_its_real_tokens():
+    """A causal query never reads the pads after it: fla's kernel, which has no padding mask, computes a batch padded
+    on the right as the explicit path does on every real token (outputs and gradients)."""
+    layer = path_layer(forget_gate=True)
+    x = torch.randn(2, LENGTH, EMBED, device=DEVICE)
+    pads = torch.zeros(2, LENGTH, dtype=torch.bool, device=DEVICE)
+    pads[1, 70:] = True
+    fused = output_and_gradients(layer, x, "auto", pads)
+    assert largest_relative_error(fused, output_and_gradients(layer, x, "explicit", pads)) < 1e-3
+
+
+def test_left_padded_batches_decoding_dropout_and_other_dtypes_take_the_explicit_path(caplog):
+    """What fla's kernel cannot compute (a left-padded batch: it has no padding mask; a decoding step; attention
+    dropout; fp64) takes the explicit path, and the call's output is the explicit path's."""
     layer = path_layer()
-    assert layer.path(False, DEVICE, decoding=False, pad_free=False)[0] == EXPLICIT
+    assert layer.path(False, DEVICE, decoding=False, left_padded=True)[0] == EXPLICIT
     assert layer.path(False, DEVICE, decoding=True)[0] == EXPLICIT
-    assert "fp16, bf16 or fp32, not 16 in float64" in layer.library_refusal(DEVICE, False, True, torch.float64)
+    assert "fp16, bf16 or fp32, not 16 in float64" in layer.library_refusal(DEVICE, False, False, torch.float64)
     layer.dropout_module.p = 0.1
-    assert layer.library_refusal(DEVICE, False, True, torch.float32).startswith("attention dropout")
+    assert layer.library_refusal(DEVICE, False, False, torch.float32).startswith("attention dropout")
     layer.dropout_module.p = 0.0
     x = torch.randn(2, 9, EMBED, device=DEVICE)
-    pads = torch.tensor([[False] * 9, [False] * 6 + [True] * 3], device=DEVICE)
+    pads = torch.tensor([[False] * 9, [True] * 3 + [False] * 6], device=DEVICE)  # plain PyTorch: any padding
     layer.kernel = "auto"
     padded = layer(x, padding_mask=pads)
     layer.kernel = "explicit"

@@ -40,7 +40,8 @@ Choices:
 - **causal sides only**: the transforms accumulate along the order of the tokens (the option exists on the decoder
   only);
 - **the fused kernel**: on CUDA, where flash-linear-attention is installed (the extra ``fla``: ``fla-core``), a
-  pad-free full pass without attention dropout (a language model's training and scoring blocks) takes its
+  causal full pass without attention dropout of a batch padded on the right or not at all (a language model's
+  training and scoring blocks: fairseq's, plain PyTorch's without a padding mask) takes its
   ``parallel_path_attn`` (the kernel's ``library`` path, self-checked against the explicit path), the forget gate's
   values as its gate ``g`` (its increments, added unscaled as ours: the queries come scaled, its ``scale`` is 1).
   It takes heads of 16, 32, 64 or 128 and casts ``w`` to fp16 inside; decoding, padded batches and other sizes take
