@@ -102,10 +102,11 @@ CLAIMS: Tuple[Claim, ...] = (
           "arXiv 2505.16381",
           "Transformers with position-only encodings cannot track state (permutation composition) at a fixed "
           "depth; data-dependent position methods improve upon RoPE on state tracking",
-          compare_methods("forget-gate", ("rotary",), ("state-tracking",), ("1x", "2x"))
+          compare_methods("path-attention", ("rotary",), ("state-tracking",), ("1x", "2x"))
+          + compare_methods("forget-gate", ("rotary",), ("state-tracking",), ("1x", "2x"))
           + compare_methods("cope", ("rotary",), ("state-tracking",), ("1x", "2x")),
           "The papers report the depth needed per length (Merrill et al.) and accuracies of PaTH against RoPE "
-          "(Yang et al.); those numbers could not be read here. PaTH itself is not in the library yet.",
+          "(Yang et al.); those numbers could not be read here.",
           "S3 at 4 moves with 2 layers on the CPU tier; the papers' A5 is the GPU tier's."),
 )
 
