@@ -421,13 +421,12 @@ class ContentLogits(PositionTerm):
 class LibraryAttention:
     """A term whose whole attention an outside library's fused kernel computes (its logits, their normalisation and
     the weighted values: e.g. PaTH in flash-linear-attention's ``parallel_path_attn``), declared in the method's file
-    beside its explicit form. A layer takes it (the kernel's ``library`` path) on a causal full pass of a batch padded on
-    the right or not at all (a causal query never reads the pads after it), without
-    attention dropout or the weights asked for, where its other terms are query/key transforms and projection
-    scalings (and token-difference biases, where :attr:`takes_gate`), and the term finds the library and the call's
-    device, dtype and sizes its kernel's (:meth:`library_refusal`); the kernel's self-check compares it with the
-    explicit path the first time each configuration comes. The library is imported only there
-    (:mod:`posattn.library_kernels`)."""
+    beside its explicit form. A layer takes it (the kernel's ``library`` path) on a causal full pass of a batch padded
+    on the right or not at all (a causal query never reads the pads after it), without attention dropout or the
+    weights asked for, where its other terms are query/key transforms and projection scalings (and token-difference
+    biases, where :attr:`takes_gate`), and the term finds the library and the call's device, dtype and sizes its
+    kernel's (:meth:`library_refusal`); the kernel's self-check compares it with the explicit path the first time
+    each configuration comes. The library is imported only there (:mod:`posattn.library_kernels`)."""
 
     #: the library's kernel, as the logs name it
     library_kernel: str = ""
@@ -441,10 +440,10 @@ class LibraryAttention:
 
     def library_attention(self, q: Tensor, k: Tensor, v: Tensor, ctx: PositionContext, x: Optional[Tensor],
                           gate: Optional[Tensor]) -> Tensor:
-        """The ``(batch, heads, length, head_dim)`` output of a causal full pass (right pads read as tokens) of the scaled queries
-        ``q``, keys ``k`` and values ``v`` ``(batch, heads, length, head_dim)``, whose layer input is ``x``
-        ``(length, batch, embed_dim)``; ``gate`` ``(batch, heads, length)`` in fp32: the per-token increments of
-        the token-difference biases' values (None: the layer has none)."""
+        """The ``(batch, heads, length, head_dim)`` output of a causal full pass (right pads read as tokens) of the
+        scaled queries ``q``, keys ``k`` and values ``v`` ``(batch, heads, length, head_dim)``, whose layer input is
+        ``x`` ``(length, batch, embed_dim)``; ``gate`` ``(batch, heads, length)`` in fp32: the per-token increments
+        of the token-difference biases' values (None: the layer has none)."""
         raise NotImplementedError
 
 

@@ -44,8 +44,8 @@ Choices:
   training and scoring blocks: fairseq's, plain PyTorch's without a padding mask) takes its
   ``parallel_path_attn`` (the kernel's ``library`` path, self-checked against the explicit path), the forget gate's
   values as its gate ``g`` (its increments, added unscaled as ours: the queries come scaled, its ``scale`` is 1).
-  It takes heads of 16, 32, 64 or 128 and casts ``w`` to fp16 inside; decoding, padded batches and other sizes take
-  the explicit path.
+  It takes heads of 16, 32, 64 or 128 and casts ``w`` to fp16 inside; decoding, left-padded batches and other sizes
+  take the explicit path.
 """
 
 from typing import Any, List, Optional, Tuple
