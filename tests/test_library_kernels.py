@@ -119,3 +119,25 @@ def test_left_padded_batches_decoding_dropout_and_other_dtypes_take_the_explicit
     padded = layer(x, padding_mask=pads)
     layer.kernel = "explicit"
     assert torch.equal(padded, layer(x, padding_mask=pads))
+
+
+def test_a_fairseq_language_model_takes_fla_on_its_right_padded_batches(caplog):
+    """fairseq's language-model sides pad on the right: a PaTH-FoX ``transformer_lm_posattn`` scores a padded batch
+    through fla's kernel, every real token as the explicit path scores it."""
+    from model_helpers import build_lm
+
+    model = build_lm("transformer_lm_posattn", ["--decoder-path-attention", "--decoder-forget-gate",
+                                                "--no-token-positional-embeddings", "--decoder-embed-dim", "64",
+                                                "--decoder-attention-heads", "4"]).to(DEVICE).eval()
+    pad = model.decoder.dictionary.pad()
+    tokens = torch.randint(pad + 3, pad + 20, (2, 24), generator=torch.Generator().manual_seed(0)).to(DEVICE)
+    tokens[1, 17:] = pad
+    with caplog.at_level(logging.INFO, logger="posattn"), torch.no_grad():
+        fused = model(tokens)[0]
+        assert "library kernel (flash-linear-attention's parallel_path_attn)" in caplog.text
+        for layer in model.modules():
+            if hasattr(layer, "library_term"):
+                layer.kernel = "explicit"
+        explicit = model(tokens)[0]
+    real = tokens.ne(pad)
+    assert largest_relative_error([fused[real]], [explicit[real]]) < 1e-3
