@@ -318,18 +318,19 @@ class PositionKernel(nn.Module):
             yield term.bias_of(token_values, tgt_len)
 
     def path(self, need_weights: bool, device: torch.device, decoding: bool,
-             kernel: Optional[str] = None, left_padded: bool = False,
-             dtype: torch.dtype = torch.float32) -> Tuple[str, str]:
+             kernel: Optional[str] = None, left_padded: bool = False, dtype: torch.dtype = torch.float32,
+             prompt: bool = False) -> Tuple[str, str]:
         """The path of one call and why, derived from what the terms declare (module docstring); ``kernel``:
         ``auto``, ``explicit`` or ``flex`` for this call (None: the layer's); ``left_padded``: a pad may come before
-        a real token (the side pads on the left); ``dtype``: the queries'."""
+        a real token (the side pads on the left); ``dtype``: the queries'; ``prompt``: a decoding call with no key
+        cached yet (a prompt's pass)."""
         kernel = self.kernel if kernel is None else kernel
         if need_weights:
             return EXPLICIT, "the attention weights were asked for"
         if kernel == "explicit":
             return EXPLICIT, "--attention-kernel explicit"
         if self.library_term is not None and kernel == "auto":
-            refusal = self.library_refusal(device, decoding, left_padded, dtype)
+            refusal = self.library_refusal(device, decoding and not prompt, left_padded, dtype)
             if not refusal:
                 return LIBRARY, self.library_term.library_kernel
             if device.type == "cuda":
@@ -431,7 +432,8 @@ class PositionKernel(nn.Module):
         values = self.token_values(x, ctx, earlier) if self.token_difference_terms else []
 
         path, reason = self.path(need_weights, q.device, decoding=state is not None, kernel=kernel,
-                                 left_padded=ctx.positions is not None, dtype=computed_dtype(q))
+                                 left_padded=ctx.positions is not None, dtype=computed_dtype(q),
+                                 prompt=state is not None and "prev_key" not in state)
         form = self.sdpa_form(ctx, q.size(2), k.size(2)) if path == SDPA else None
         if path != EXPLICIT and not fused_path_agrees(self, path, ctx, computed_dtype(q), q.size(2), k.size(2), form):
             kernel_name = path if form is None else f"{path} ({form})"
@@ -444,7 +446,9 @@ class PositionKernel(nn.Module):
             out, softmax, probs, rows = self._attend_explicitly(q, k, v, ctx, attn_mask, history, values, state=state,
                                                                 content=content)
         elif path == LIBRARY:
-            out = self._attend_library(q, k, v, ctx, x, values)
+            out, kept_keys, term_state = self._attend_library(q, k, v, ctx, x, values, keep_state=state is not None)
+            if state is not None:
+                state.update(term_state)
         elif path == FLEX:
             out = self._attend_flex(q, k, v, ctx, values)
         else:
@@ -473,7 +477,7 @@ class PositionKernel(nn.Module):
         if path == FLEX:
             return self._attend_flex(q, k, v, ctx, values)
         if path == LIBRARY:
-            return self._attend_library(q, k, v, ctx, x, values)
+            return self._attend_library(q, k, v, ctx, x, values)[0]
         return self._attend_fused(q, k, v, ctx, values, dropout=False)
 
     def sdpa_form(self, ctx: PositionContext, tgt_len: int, src_len: int) -> str:
@@ -506,9 +510,11 @@ class PositionKernel(nn.Module):
         return masked_sdpa(q, k, v, mask, dropout_p)
 
     def _attend_library(self, q: Tensor, k: Tensor, v: Tensor, ctx: PositionContext, x: Optional[Tensor],
-                        values: Sequence[Tensor]) -> Tensor:
+                        values: Sequence[Tensor], keep_state: bool = False
+                        ) -> Tuple[Tensor, Optional[Tensor], Dict[str, Any]]:
         """The library path: the layer's library term's kernel on the whole call, the token-difference biases'
-        values ``c`` (summed over the terms) handed to it as their per-token increments."""
+        values ``c`` (summed over the terms) handed to it as their per-token increments; the output, and with
+        ``keep_state`` (a prompt's pass) the keys to cache (None: ``k``) and the term's decoding state."""
         if not (ctx.causal and ctx.positions is None and q.size(2) == k.size(2)):
             raise ValueError(f"{self.where}: the library path computes a causal full pass of a batch padded on the "
                              "right only (no cached keys)")
@@ -516,7 +522,7 @@ class PositionKernel(nn.Module):
         if values:
             summed = sum(same_dtype(value, torch.float32) for value in values)
             gate = torch.diff(summed, dim=-1, prepend=torch.zeros_like(summed[..., :1]))
-        return self.library_term.library_attention(q, k, v, ctx, x, gate)
+        return self.library_term.library_attention(q, k, v, ctx, x, gate, keep_state)
 
     def float_mask(self, ctx: PositionContext, values: Sequence[Tensor], tgt_len: int, src_len: int,
                    dtype: torch.dtype) -> Tensor:

@@ -141,3 +141,39 @@ def test_a_fairseq_language_model_takes_fla_on_its_right_padded_batches(caplog):
         explicit = model(tokens)[0]
     real = tokens.ne(pad)
     assert largest_relative_error([fused[real]], [explicit[real]]) < 1e-3
+
+
+def test_a_hugging_face_llama_called_without_an_attention_mask_takes_fla(caplog):
+    """A Llama switched to PaTH-FoX by posattn_huggingface, called without an ``attention_mask`` (a pad-free batch):
+    fla's kernel, its logits the explicit path's."""
+    pytest.importorskip("transformers", reason="the Hugging Face front-end needs transformers (pip install '.[hf]')")
+    import posattn_huggingface
+    from huggingface_helpers import llama
+
+    torch.manual_seed(0)
+    model = posattn_huggingface.apply_position_method(llama(hidden_size=64).eval(), path_attention=True,
+                                                      forget_gate=True).to(DEVICE)
+    ids = torch.randint(0, 100, (2, 30), generator=torch.Generator().manual_seed(0)).to(DEVICE)
+    with caplog.at_level(logging.INFO, logger="posattn"), torch.no_grad():
+        fused = model(ids).logits
+        assert "library kernel (flash-linear-attention's parallel_path_attn)" in caplog.text
+        for layer in model.modules():
+            if hasattr(layer, "library_term"):
+                layer.kernel = "explicit"
+        explicit = model(ids).logits
+    assert largest_relative_error([fused], [explicit]) < 1e-3
+
+
+def test_a_prompt_through_fla_then_decoding_steps_equal_the_full_pass(caplog):
+    """A prompt's pass takes fla's kernel and caches its ``k_cache`` (the keys carried to the last token) and the
+    convolution's last inputs; the decoding steps after it (the explicit path) give the full pass's outputs."""
+    layer = path_layer(forget_gate=True).eval()
+    x = torch.randn(2, 40, EMBED, device=DEVICE)
+    cache = posattn.DecodingCache()
+    with caplog.at_level(logging.INFO, logger="posattn"), torch.no_grad():
+        layer.kernel = "auto"
+        decoded = [layer(x[:, :30], cache=cache)] + [layer(x[:, t:t + 1], cache=cache) for t in range(30, 40)]
+        assert "library kernel (flash-linear-attention's parallel_path_attn)" in caplog.text
+        layer.kernel = "explicit"
+        full = layer(x)
+    assert largest_relative_error([torch.cat(decoded, dim=1)], [full]) < 1e-3

@@ -439,11 +439,13 @@ class LibraryAttention:
         raise NotImplementedError
 
     def library_attention(self, q: Tensor, k: Tensor, v: Tensor, ctx: PositionContext, x: Optional[Tensor],
-                          gate: Optional[Tensor]) -> Tensor:
+                          gate: Optional[Tensor], keep_state: bool) -> Tuple[Tensor, Optional[Tensor], Dict[str, Any]]:
         """The ``(batch, heads, length, head_dim)`` output of a causal full pass (right pads read as tokens) of the
         scaled queries ``q``, keys ``k`` and values ``v`` ``(batch, heads, length, head_dim)``, whose layer input is
         ``x`` ``(length, batch, embed_dim)``; ``gate`` ``(batch, heads, length)`` in fp32: the per-token increments
-        of the token-difference biases' values (None: the layer has none)."""
+        of the token-difference biases' values (None: the layer has none). With ``keep_state`` (a prompt's pass in
+        decoding) also the keys to cache, as the explicit path would (None: ``k`` itself), and the term's own
+        decoding state by key; else None and {}."""
         raise NotImplementedError
 
 

@@ -44,11 +44,12 @@ Choices:
   training and scoring blocks: fairseq's, plain PyTorch's without a padding mask) takes its
   ``parallel_path_attn`` (the kernel's ``library`` path, self-checked against the explicit path), the forget gate's
   values as its gate ``g`` (its increments, added unscaled as ours: the queries come scaled, its ``scale`` is 1).
-  It takes heads of 16, 32, 64 or 128 and casts ``w`` to fp16 inside; decoding, left-padded batches and other sizes
-  take the explicit path.
+  It takes heads of 16, 32, 64 or 128 and casts ``w`` to fp16 inside; a prompt's pass in decoding keeps its
+  ``k_cache`` (the keys carried to the last token) as the explicit path keeps its own; decoding steps, left-padded
+  batches and other sizes take the explicit path.
 """
 
-from typing import Any, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -135,15 +136,19 @@ class PathTransforms(ContentLogits, LibraryAttention):
         return f"flash-linear-attention is not installed (pip install \".[fla]\"): {error}" if error else ""
 
     def library_attention(self, q: Tensor, k: Tensor, v: Tensor, ctx: PositionContext, x: Optional[Tensor],
-                          gate: Optional[Tensor]) -> Tensor:
+                          gate: Optional[Tensor], keep_state: bool) -> Tuple[Tensor, Optional[Tensor], Dict[str, Any]]:
         """fla's ``parallel_path_attn`` on the scaled queries (its ``scale`` 1), in its layout ``(batch, length,
-        heads, d)``, ``w`` and ``beta`` (and the gate) in fp32 as it asks."""
-        (w, beta), _ = self.token_values(x, ctx, None)
+        heads, d)``, ``w`` and ``beta`` (and the gate) in fp32 as it asks; with ``keep_state`` its ``k_cache``, the
+        keys carried to the last token (the explicit path's ``prev_key``), and the convolution's last inputs."""
+        (w, beta), window = self.token_values(x, ctx, None)
         tokens_first = [t.transpose(1, 2) for t in (q, k, v, same_dtype(w, torch.float32))]
         gate = None if gate is None else gate.transpose(1, 2)
         kernel = optional_module(FLA_MODULE)[0].parallel_path_attn
-        out, _ = kernel(*tokens_first, same_dtype(beta, torch.float32).transpose(1, 2), gate, scale=1.0)
-        return out.transpose(1, 2)
+        out, carried = kernel(*tokens_first, same_dtype(beta, torch.float32).transpose(1, 2), gate, scale=1.0,
+                              use_cache=keep_state)
+        if not keep_state:
+            return out.transpose(1, 2), None, {}
+        return out.transpose(1, 2), same_dtype(carried.transpose(1, 2), k.dtype), {self.cache_key: window}
 
     def inspect(self, positions: int) -> List[Quantity]:
         """Per head, ``beta`` at a zero input ``2 sigmoid(b_h)`` and the norm of its weights (``w`` and ``beta``
