@@ -64,6 +64,7 @@ Precision: the softmax, and every term's sensitive part, run in fp32 and are cas
 model's dtype (fp16 / bf16), as fairseq's own attention does for its softmax. The module keeps nothing of a call.
 """
 
+import functools
 import logging
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterator, List, MutableMapping, Optional, Sequence, Tuple
@@ -97,12 +98,22 @@ from posattn.position_terms.base import (
     same_dtype,
 )
 
-try:  # PyTorch >= 2.5
-    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
-except ImportError:  # pragma: no cover - older torch: the kernel never takes the flex path
-    create_block_mask = flex_attention = None
-if flex_attention is not None and not torch._dynamo.is_dynamo_supported():  # pragma: no cover
-    create_block_mask = flex_attention = None  # torch 2.5 on Python 3.13: flex_attention refuses to run without dynamo
+
+@functools.lru_cache(maxsize=None)
+def flex_functions() -> Optional[Tuple[Callable[..., Any], Callable[..., Tensor]]]:
+    """torch's ``(create_block_mask, flex_attention)``, or None where this torch has none (before 2.5, or 2.5 on
+    Python 3.13, where flex_attention refuses to run without dynamo). Imported on first use, never at import:
+    the module pulls in dynamo, which would add seconds to every process that imports posattn (every fairseq
+    command with ``--user-dir``) although only the flex path needs it."""
+    try:  # PyTorch >= 2.5
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    except ImportError:  # pragma: no cover - older torch: the kernel never takes the flex path
+        return None
+    if not torch._dynamo.is_dynamo_supported():  # pragma: no cover
+        return None
+    return create_block_mask, flex_attention
+
+
 try:  # PyTorch >= 2.3
     from torch.nn.attention import SDPBackend, sdpa_kernel
 except ImportError:  # pragma: no cover - older torch: SDPA chooses its backend itself
@@ -339,10 +350,11 @@ class PositionKernel(nn.Module):
             return EXPLICIT, ("a term needs the attention matrix (a post-softmax transform, a value term, a "
                               "row-dependent bias, a normalisation in place of the softmax or a logit-matrix "
                               "transform)")
-        possible = (flex_attention is not None and self.pointwise and not decoding
-                    and not (self.training and self.dropout_module.p > 0)
-                    and (device.type == "cuda" or not torch.is_grad_enabled()))  # no backward on the CPU
-        if possible and (kernel == "flex" or (device.type == "cuda" and (self.rescales or self.learned_bias))):
+        wanted = kernel == "flex" or (device.type == "cuda" and (self.rescales or self.learned_bias))
+        possible = (wanted and self.pointwise and not decoding and not (self.training and self.dropout_module.p > 0)
+                    and (device.type == "cuda" or not torch.is_grad_enabled())  # no backward on the CPU
+                    and flex_functions() is not None)
+        if possible:
             return FLEX, "every term has a score_mod form"
         if not self.rescales:
             return SDPA, "query/key transforms and additive biases only"
@@ -724,6 +736,7 @@ class FlexBlockMask(Preparation):
         def visible(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
             seen = (kv_idx <= last_key) & ~padding[torch.clamp(b, max=last_row), torch.clamp(kv_idx, max=last_key)]
             return seen & (kv_idx <= q_idx + offset) if causal else seen
+        create_block_mask, _ = flex_functions()
         return create_block_mask(visible, padding.size(0), None, padded_length(self.tgt_len),
                                  padded_length(self.src_len), device=str(padding.device))
 
@@ -771,6 +784,7 @@ _COMPILED_FLEX: Dict[str, Callable[..., Tensor]] = {}
 def flex_kernel(device: torch.device) -> Callable[..., Tensor]:
     """``flex_attention``, compiled on CUDA (the fused Triton kernel, with :data:`FLEX_KERNEL_OPTIONS`); on
     the CPU its eager implementation (unfused: for checks and no-grad scoring)."""
+    _, flex_attention = flex_functions()
     if device.type != "cuda":
         return flex_attention
     if "cuda" not in _COMPILED_FLEX:

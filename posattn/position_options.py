@@ -19,7 +19,7 @@ import textwrap
 from typing import Any, Dict, List, Optional, Tuple
 
 from posattn import position_terms  # noqa: F401  (registers every method)
-from posattn.attention import KERNEL_CHOICES, PositionTerms, flex_attention
+from posattn.attention import KERNEL_CHOICES, PositionTerms, flex_functions
 from posattn.errors import ArgumentError, MisuseError
 from posattn.kernel_self_check import SELF_CHECK_CHOICES
 from posattn.position_terms.base import SequenceTooLongError
@@ -348,7 +348,7 @@ class SidePositionOptions:
 
     def _check_flex(self, terms: PositionTerms) -> None:
         """``--{side}-attention-kernel flex`` needs flex_attention and terms with pointwise forms."""
-        if flex_attention is None:
+        if flex_functions() is None:
             raise PositionOptionError(f"{self.flag('attention_kernel')} flex needs torch >= 2.5 "
                                       "(torch.nn.attention.flex_attention) with dynamo (on Python 3.13: torch >= 2.6); "
                                       "use auto or explicit")

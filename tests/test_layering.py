@@ -71,6 +71,17 @@ def test_the_library_imports_torch_and_itself_only():
     assert found == []
 
 
+def test_importing_the_library_or_the_plugin_leaves_dynamo_unloaded():
+    """torch's compiler stack (dynamo, which the flex path's availability check loads) costs about 2 s of every
+    process that loads it: the library loads it on the flex path's first use, never at import, so a fairseq
+    command with ``--user-dir`` starts as fast as fairseq itself. Negative control: that first use loads it."""
+    loaded = "import sys; print(sorted(m for m in sys.modules if m.startswith('torch._dynamo'))[:1])"
+    for module in ("posattn", "fairseq_posattn"):
+        assert run("python", ["-c", f"import {module}; {loaded}"]).stdout.strip() == "[]", module
+    first_use = "from posattn.attention import flex_functions; flex_functions(); "
+    assert run("python", ["-c", first_use + loaded]).stdout.strip() != "[]"
+
+
 def test_the_comparison_suite_imports_the_library_only():
     """``posattn_tasks`` needs torch and ``posattn``: no fairseq; transformers only through the Hugging Face
     front-end in the one file of the ``--model llama`` flag, and matplotlib only in the file that draws."""

@@ -126,3 +126,28 @@ def test_a_stopped_recipe_takes_the_jobs_in_process_groups_of_their_own_with_it(
         signal_group(recipe, signal.SIGKILL)
         recipe.wait(timeout=30)
     wait_until(lambda: not session_commands(recipe.pid), 10, "the end of every process of the recipe")
+
+
+def test_a_job_paused_and_continued_is_waited_for_not_counted_as_failed(tmp_path):
+    """Under job control bash's ``wait`` also returns when a job stops: workers.sh waits for a job that was paused
+    (SIGSTOP, to lend its core to another command) and continued until it ends, with its own exit status, and a
+    paused job still holds its place among the LIMIT that run. Negative control: a job that fails is counted."""
+    marks = tmp_path / "marks"
+    script = f"""
+source {REPO}/examples/lib/workers.sh
+stop_jobs_with_the_recipe
+job() {{ echo "$1 start $(date +%s.%N)" >> {marks}; sleep 2; echo "$1 end $(date +%s.%N)" >> {marks}; return "$2"; }}
+pause() {{ sleep 0.5; kill -STOP -- "-$1"; sleep 1; kill -CONT -- "-$1"; }}
+start_job 1 job first 0
+pause $! > /dev/null 2>&1 &
+start_job 1 job second 0
+pause $! > /dev/null 2>&1 &
+wait_jobs && echo "ok $FAILED_JOBS"
+start_job 1 job third 3
+wait_jobs || echo "failed $FAILED_JOBS"
+"""
+    completed = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60)
+    assert completed.stdout.split() == ["ok", "0", "failed", "1"], completed.stdout + completed.stderr
+    times = {(name, event): float(time) for name, event, time in map(str.split, marks.read_text().splitlines())}
+    assert sorted(times) == sorted((name, event) for name in ("first", "second", "third") for event in ("start", "end"))
+    assert times["second", "start"] >= times["first", "end"]  # the paused first held its place until it ended

@@ -10,7 +10,6 @@
 #   how_it_ended STATUS            "exit status 1", "killed by SIGKILL (...)": a command's end, in words
 
 STARTED_JOBS=()
-RUNNING_JOBS=0
 FAILED_JOBS=0
 
 # lock_output_folder DIR: make DIR and hold DIR/.recipe.lock until this recipe and every process it started
@@ -51,26 +50,39 @@ stop_jobs() {
     exit "$status"
 }
 
-# start_job LIMIT FUNC ARG...: FUNC ARG... in the background, once fewer than LIMIT jobs of start_job run
+# start_job LIMIT FUNC ARG...: FUNC ARG... in the background, once fewer than LIMIT jobs of start_job run (a
+# job paused by SIGSTOP still counts: under job control `wait -n` returns when a job stops, not only when it ends)
 start_job() {
     local limit="$1"; shift
-    while (( RUNNING_JOBS >= limit )); do
-        wait -n 2> /dev/null || true
-        RUNNING_JOBS=$((RUNNING_JOBS - 1))
+    while (( $(live_jobs) >= limit )); do
+        wait -n 2> /dev/null || sleep 1
     done
     "$@" &
     STARTED_JOBS+=($!)
-    RUNNING_JOBS=$((RUNNING_JOBS + 1))
 }
 
-# wait_jobs: wait for every job of start_job; FAILED_JOBS is how many failed (exit status not 0), and so is
-# the status: 1 if one failed
+# live_jobs: how many jobs of start_job have not ended (running or stopped)
+live_jobs() {
+    local pid live=0
+    for pid in "${STARTED_JOBS[@]}"; do kill -0 "$pid" 2> /dev/null && live=$((live + 1)); done
+    echo "$live"
+}
+
+# wait_jobs: wait for every job of start_job to end; FAILED_JOBS is how many failed (exit status not 0), and so
+# is the status: 1 if one failed. A job stopped (SIGSTOP, to lend its CPU for a while) and continued is waited
+# for again, not counted as failed: under job control `wait PID` also returns when the job stops.
 wait_jobs() {
-    local pid
+    local pid status
     FAILED_JOBS=0
-    for pid in "${STARTED_JOBS[@]}"; do wait "$pid" || FAILED_JOBS=$((FAILED_JOBS + 1)); done
+    for pid in "${STARTED_JOBS[@]}"; do
+        while true; do
+            wait "$pid" 2> /dev/null && status=0 || status=$?
+            kill -0 "$pid" 2> /dev/null || break  # ended: $status is its own
+            sleep 1  # stopped, alive: wait until it ends
+        done
+        (( status == 0 )) || FAILED_JOBS=$((FAILED_JOBS + 1))
+    done
     STARTED_JOBS=()
-    RUNNING_JOBS=0
     (( FAILED_JOBS == 0 ))
 }
 
