@@ -39,6 +39,12 @@ def pip_of(python: Path) -> List[str]:
     return [str(python), "-m", "pip", "--disable-pip-version-check", "-q"]
 
 
+def pip_install(python: Path) -> List[str]:
+    """``pip install`` of that environment, writing no bytecode for what it installs (torch's takes 20 s;
+    Python compiles what it imports)."""
+    return [*pip_of(python), "install", "--no-compile"]
+
+
 @pytest.fixture(scope="module")
 def environment(tmp_path_factory) -> Path:
     """A fresh virtualenv with the pinned torch alone; its folder holds ``env/`` and ``source/``, a clean copy of
@@ -46,7 +52,7 @@ def environment(tmp_path_factory) -> Path:
     tmp_path = tmp_path_factory.mktemp("core-install")
     env, source = tmp_path / "env", tmp_path / "source"
     subprocess.run([sys.executable, "-m", "venv", str(env)], check=True)
-    subprocess.run([*pip_of(env / "bin" / "python"), "install", TORCH], check=True, timeout=900)
+    subprocess.run([*pip_install(env / "bin" / "python"), TORCH], check=True, timeout=900)
     for name in tracked_files():
         (source / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(Path(REPO) / name, source / name)
@@ -57,10 +63,9 @@ def environment(tmp_path_factory) -> Path:
 def test_pip_install_beside_torch_alone_adds_one_distribution_and_runs_the_readme_and_the_library_tests(environment):
     tmp_path, source, env = environment, environment / "source", environment / "env"
     python = env / "bin" / "python"
-    pip = pip_of(python)
     before = frozen(python)
     start = time.perf_counter()
-    install = subprocess.run([*pip, "install", "-v", str(source)], capture_output=True, text=True, timeout=900)
+    install = subprocess.run([*pip_install(python), "-v", str(source)], capture_output=True, text=True, timeout=900)
     seconds = time.perf_counter() - start
     assert install.returncode == 0, install.stderr[-3000:]
     added = frozen(python) - before
@@ -83,7 +88,7 @@ def test_pip_install_beside_torch_alone_adds_one_distribution_and_runs_the_readm
     assert command.stderr.startswith("posattn-score: error: ") and 'pip install "fairseq-posattn[fairseq]"' in \
         command.stderr, command.stderr
 
-    subprocess.run([*pip, "install", "pytest==8.3.4"], check=True, timeout=900)  # the test tool, after the check
+    subprocess.run([*pip_install(python), "pytest==8.3.4"], check=True, timeout=900)  # the test tool, after the check
     tests = subprocess.run([str(python), "-P", "-m", "pytest", "--noconftest", "-p", "no:cacheprovider", "-q",
                             "-rs", "tests/test_core.py", "tests/test_core_misuse.py"], cwd=REPO, capture_output=True,
                            text=True, timeout=1200)
@@ -98,7 +103,7 @@ def test_pip_install_beside_torch_alone_adds_one_distribution_and_runs_the_readm
 def test_the_hf_extra_without_fairseq_runs_the_readmes_hugging_face_example(environment):
     python = environment / "env" / "bin" / "python"
     constraints = Path(REPO) / "requirements" / "runtime.txt"  # transformers as the project pins it
-    install = subprocess.run([*pip_of(python), "install", "-c", str(constraints), f"{environment / 'source'}[hf]"],
+    install = subprocess.run([*pip_install(python), "-c", str(constraints), f"{environment / 'source'}[hf]"],
                              capture_output=True, text=True, timeout=900)
     assert install.returncode == 0, install.stderr[-3000:]
     installed = {re.split("[=@ ]", line)[0] for line in frozen(python)}

@@ -109,7 +109,7 @@ FULL_LONG_LM = (*LONG_LM_SIZES, "--lm-block-lengths", "512", "1024", "2048", "40
                 "--variants", "lm-san-p-r", "lm-each-kernel-path")
 QUICK_LONG_LM = (*LONG_LM_SIZES, "--lm-block-lengths", "1024", "4096", "--steps", "3", "--warmup", "2",
                  "--variants", "lm-t5-bias", "lm-distance-aware", "lm-shaw-keys-only")
-TINY_LONG_LM = ("--lm-block-lengths", "16", "32", "--lm-block-tokens", "64", "--decode-variants", "--steps", "1",
+TINY_LONG_LM = ("--lm-block-lengths", "16", "--lm-block-tokens", "64", "--decode-variants", "--steps", "1",
                 "--warmup", "0", "--embed-dim", "16", "--ffn-dim", "32", "--heads", "2", "--layers", "1",
                 "--vocab-size", "64", "--threads", "1", "--variants", "lm-distance-aware")
 SCALES: Dict[str, Scale] = {
