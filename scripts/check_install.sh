@@ -21,9 +21,9 @@ step() { echo "==> [$SECONDS s] $*"; }
 step "1/6 a fresh virtualenv with the user's own torch and fairseq ($ENV)"
 rm -rf "$ENV"
 "$PYTHON" -m venv "$ENV"
-# install --no-compile: no bytecode for every installed file (torch's alone take 20 s); Python compiles what it imports
-PIP=("$ENV/bin/python" -m pip --disable-pip-version-check -q)
-"${PIP[@]}" install --no-compile -r "$REPO/requirements/build.txt"
+# --no-compile: no bytecode for every installed file (torch's alone take 20 s); Python compiles what it imports
+INSTALL=("$ENV/bin/python" -m pip --disable-pip-version-check -q install --no-compile)
+"${INSTALL[@]}" -r "$REPO/requirements/build.txt"
 # fairseq built as `make install` builds it (how the user's fairseq was built is not what this checks)
 TAG="$("$ENV/bin/python" -c 'import sys; print("cp%d%d" % sys.version_info[:2])')"
 WHEEL="$(ls "${FAIRSEQ_WHEELS:-/nonexistent}"/fairseq_fixed-*-"$TAG"-*.whl 2> /dev/null | head -n 1 || true)"
@@ -31,8 +31,8 @@ if [[ -z "$WHEEL" ]]; then
     bash "$REPO/scripts/fairseq_wheel.sh" "$ENV/bin/python" "$WORK/fairseq-wheel"
     WHEEL="$(ls "$WORK"/fairseq-wheel/fairseq_fixed-*.whl)"
 fi
-"${PIP[@]}" install --no-compile --no-deps "$WHEEL"
-"${PIP[@]}" install --no-compile hydra-core==1.3.2 omegaconf==2.3.0 bitarray regex cffi scikit-learn packaging \
+"${INSTALL[@]}" --no-deps "$WHEEL"
+"${INSTALL[@]}" hydra-core==1.3.2 omegaconf==2.3.0 bitarray regex cffi scikit-learn packaging \
     sacrebleu tqdm
 "$ENV/bin/python" -m pip list --format=freeze | sort > "$WORK/before.txt"  # name==version, a wheel file's too
 
@@ -40,7 +40,7 @@ step "2/6 pip install of a clean copy of the working tree, with the [parse] extr
 rm -rf "$WORK/src"
 mkdir -p "$WORK/src"
 (cd "$REPO" && git ls-files -z --cached --others --exclude-standard | xargs -0 cp --parents -t "$WORK/src")
-"${PIP[@]}" install --no-compile "$WORK/src[parse]"
+"${INSTALL[@]}" "$WORK/src[parse]"
 "$ENV/bin/python" -m pip list --format=freeze | sort > "$WORK/after.txt"
 
 step "3/6 torch and fairseq are the user's, untouched; no torchaudio"
@@ -100,6 +100,6 @@ fairseq-generate data-bin --user-dir "$USER_DIR" --task translation_structural -
 posattn-score generate.txt --ref raw/test.de --target-lang de
 
 step "6/6 the test extra's tools"
-"${PIP[@]}" install --no-compile "$WORK/src[test]"
+"${INSTALL[@]}" "$WORK/src[test]"
 "$ENV/bin/python" -m pytest --version
 echo "install check passed in $WORK"

@@ -34,15 +34,10 @@ def frozen(python: Path) -> set:
     return set(listing.stdout.splitlines())
 
 
-def pip_of(python: Path) -> List[str]:
-    """pip of the environment whose interpreter is ``python``, quiet."""
-    return [str(python), "-m", "pip", "--disable-pip-version-check", "-q"]
-
-
 def pip_install(python: Path) -> List[str]:
-    """``pip install`` of that environment, writing no bytecode for what it installs (torch's takes 20 s;
-    Python compiles what it imports)."""
-    return [*pip_of(python), "install", "--no-compile"]
+    """``pip install`` of the environment whose interpreter is ``python``, quiet, writing no bytecode for what it
+    installs (torch's takes 20 s; Python compiles what it imports)."""
+    return [str(python), "-m", "pip", "--disable-pip-version-check", "-q", "install", "--no-compile"]
 
 
 @pytest.fixture(scope="module")
