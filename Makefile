@@ -6,7 +6,7 @@ PIP := $(PY) -m pip --disable-pip-version-check
 STAMP := $(VENV)/.fairseq-posattn-installed
 FAIRSEQ_WHEEL := $(VENV)/wheels
 
-.PHONY: install quickstart test test-fast test-matrix docs benchmark benchmark-full benchmark-pytorch require-gpu \
+.PHONY: install quickstart test test-fast test-install test-matrix docs benchmark benchmark-full benchmark-pytorch require-gpu \
 	gpu-check gpu-verify gpu-wheels check-install check-library-kernels clean
 
 install: $(STAMP)
@@ -33,10 +33,15 @@ quickstart: install
 PYTEST := $(PY) -m pytest -q -ra -n auto --maxprocesses 4 --dist loadfile --durations 25
 
 test: install
-	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PYTEST) tests
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PYTEST) -m "not install" tests
 
 test-fast: install
-	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PYTEST) -m "not slow" tests
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PYTEST) -m "not slow and not install" tests
+
+# README "Install into your own environment" as a user follows it (tests/test_check_install.py: make check-install
+# from a copy of the tree whose path has a space); CI runs it after make test (.ci/run).
+test-install: install
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m pytest -q -ra -p no:cacheprovider -m install tests/test_check_install.py
 
 # The library path (docs/methods.md, PaTH attention): flash-linear-attention's fused PaTH kernel against the explicit
 # path, on the CPU under Triton's interpreter (tests/test_library_kernels.py). fla-core and Triton (200 MB) go to

@@ -1,9 +1,9 @@
 """Shims for fairseq 0.12's distributed training on CPU processes and under ``torchrun``.
 
 fairseq 0.12 was written for one CUDA device per process. Three of its start-up paths fail or
-surprise without one; each shim below names the behaviour it works around, changes nothing where
-that behaviour is absent (CUDA processes keep fairseq's own code path), and is applied once, at
-plugin import, by :func:`apply_all`.
+surprise without one, and it never releases its process group at the end; each shim below names the
+behaviour it works around, changes nothing where that behaviour is absent (CUDA processes keep
+fairseq's own code path), and is applied once, at plugin import, by :func:`apply_all`.
 """
 
 import os
@@ -84,16 +84,30 @@ def check_ddp_backend(cfg: Any) -> None:
             f"(or use {CPU_DDP_BACKENDS})") from None
 
 
+def release_process_group() -> None:
+    """Destroy the default process group this process joined, if any.
+
+    fairseq 0.12 never calls ``torch.distributed.destroy_process_group``: a rank that ran its
+    ``main`` in this process (``--distributed-no-spawn``, ``torchrun``) exits with gloo's threads
+    still running, and their teardown at interpreter exit can abort the finished rank ("terminate
+    called without an active exception", exit status -6) after its checkpoint is written."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+
+
 def check_before_launch(call_main: Callable) -> Callable:
     """Wrap fairseq's ``distributed_utils.call_main`` (what ``fairseq-train`` and the other tools
-    start with) so that the two functions above run on the full config before any process starts."""
+    start with) so that the two functions above run on the full config before any process starts,
+    and the process group is released once ``main`` has returned here."""
     if getattr(call_main, "checks_distributed_config", False):
         return call_main
 
     def checked_call_main(cfg: Any, main: Callable, **kwargs: Any) -> Any:
         check_ddp_backend(cfg)
         adopt_torchrun_environment(cfg.distributed_training)
-        return call_main(cfg, main, **kwargs)
+        result = call_main(cfg, main, **kwargs)
+        release_process_group()
+        return result
 
     checked_call_main.checks_distributed_config = True
     return checked_call_main

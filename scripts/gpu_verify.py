@@ -100,7 +100,7 @@ class Sizes:
 GPU = Sizes(8, 64, GPU_LENGTHS, GPU_FLEX_LENGTHS, ("bfloat16", "float32"),
             LongBlocks((4096, 1024, 2048, 512), 16384, 6, 512, 8, 8000, 2, 3, "bf16"),
             TRANSLATION_VARIANTS, 200, 4096)
-TINY = Sizes(2, 8, TINY_LENGTHS, TINY_FLEX_LENGTHS, ("float32",), LongBlocks((32, 16), 64, 1, 16, 2, 64, 1, 1, "fp32", 1),
+TINY = Sizes(2, 8, TINY_LENGTHS, TINY_FLEX_LENGTHS, ("float32",), LongBlocks((16,), 64, 1, 16, 2, 64, 1, 1, "fp32", 1),
              TINY_TRANSLATION_VARIANTS, 6, 256, SIDES[:2])
 #: one layer configuration of part a: (variant, side, option values, causal, right-padded, dtype)
 Configuration = Tuple[str, str, Dict[str, Any], bool, bool, str]

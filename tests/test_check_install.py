@@ -17,6 +17,7 @@ from test_packaging import tracked_files
 
 
 @pytest.mark.slow
+@pytest.mark.install
 def test_make_check_install_passes_as_the_readme_gives_it(tmp_path):
     if shutil.which("make") is None:
         pytest.skip("needs GNU make, as the README's commands do")

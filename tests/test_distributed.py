@@ -96,6 +96,8 @@ EVERY_RANK_SAVES = (
     "trainer.Trainer.should_save_checkpoint_on_current_rank = property(lambda self: True)\n"
     "trainer.Trainer.checkpoint_suffix = property(lambda self: f'-rank{self.data_parallel_rank}')\n"
     "cli_main()\n"
+    "import sys, torch.distributed\n"  # one write: the ranks share torchrun's stdout
+    "sys.stdout.write(f'process group released: {not torch.distributed.is_initialized()}\\n'); sys.stdout.flush()\n"
 )
 UPDATE_LOSS = re.compile(r"epoch \d+:\s+\d+ / \d+ loss=([0-9.]+),.*num_updates=(\d+)")  # train_inner
 
@@ -218,6 +220,7 @@ def test_two_processes_train_as_one_with_update_freq_2(model, ddp_backend, launc
     data = request.getfixturevalue(f"{MODELS[model][0]}_data")
     save_dir = str(tmp_path)
     log = LAUNCHERS[launcher]([data, *MODELS[model][1], *TRAINING, *_gloo(ddp_backend, save_dir)])
+    assert log.count("process group released: True") == WORLD_SIZE  # gloo's threads do not outlive main
     ranks = [_load(os.path.join(save_dir, f"checkpoint_last-rank{rank}.pt")) for rank in range(WORLD_SIZE)]
     for checkpoint in ranks:
         assert checkpoint["optimizer_history"][-1]["num_updates"] == UPDATES

@@ -18,7 +18,7 @@ import pytest
 
 from cli_helpers import BIN, SAMPLE, preprocess_in_process
 from model_helpers import REPO
-from posattn_tools.runs import session_groups, signal_group, start
+from posattn_tools.runs import CommandError, run_together, session_groups, signal_group, start
 from process_helpers import session_commands, wait_until
 
 EXAMPLES = Path(REPO) / "examples"
@@ -126,6 +126,21 @@ def test_a_stopped_recipe_takes_the_jobs_in_process_groups_of_their_own_with_it(
         signal_group(recipe, signal.SIGKILL)
         recipe.wait(timeout=30)
     wait_until(lambda: not session_commands(recipe.pid), 10, "the end of every process of the recipe")
+
+
+def test_ranks_run_together_name_the_one_that_failed_not_the_one_killed_after_it(tmp_path):
+    """posattn_tools.runs.run_together (the GPU check's gloo ranks): when one rank aborts, the rank still running
+    is killed, and the error names the aborted rank's command, exit status and log; the killed one is not blamed.
+    Negative control: ranks that all finish return their logs."""
+    abort = [sys.executable, "-c", "import os, sys; print('rank 1 aborts', file=sys.stderr); os.abort()"]
+    wait = [sys.executable, "-c", "import time; print('rank 0 waits', flush=True); time.sleep(60)"]
+    logs = [tmp_path / "rank0.log", tmp_path / "rank1.log"]
+    with pytest.raises(CommandError) as failure:
+        run_together([wait, abort], logs, dict(os.environ), timeout=50)
+    assert str(failure.value) == f"python exit status -{int(signal.SIGABRT)} (log: {logs[1]}): rank 1 aborts"
+    texts = run_together([wait[:2] + ["print('rank 0')"], abort[:2] + ["print('rank 1')"]], logs, dict(os.environ),
+                         timeout=50)
+    assert [text.splitlines()[-1] for text in texts] == ["rank 0", "rank 1"]
 
 
 def test_a_job_paused_and_continued_is_waited_for_not_counted_as_failed(tmp_path):

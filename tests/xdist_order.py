@@ -15,14 +15,14 @@ import pytest
 #: longest first
 LONGEST = (
     "test_evidence.py",
-    "test_check_install.py",
-    "test_core_install.py",
+    "test_length_extrapolation.py",
     "test_gpu_check_script.py",
     "test_benchmark_script.py",
-    "test_recipes.py",
+    "test_hydra_configs.py",
+    "test_distributed.py",
     "test_gpu_verify_script.py",
-    "test_comparison_suite.py",
-    "test_registry_is_closed.py",
+    "test_pos_tagging.py",
+    "test_lstm_lm.py",
 )
 
 

@@ -121,14 +121,16 @@ def run_together(commands: Sequence[Sequence[str]], logs: Sequence[Path], env: M
         if None not in states or any(state not in (None, 0) for state in states):
             break
         time.sleep(0.2)
-    for process in processes:
+    killed = set()
+    for index, process in enumerate(processes):
         if process.poll() is None:
             signal_group(process, signal.SIGKILL)
             process.wait()
+            killed.add(index)
     texts = [read_log(log) for log in logs]
     failed = [index for index, process in enumerate(processes) if process.returncode != 0]
     if failed:
-        first = min(failed, key=lambda index: (processes[index].returncode < 0, index))  # killed ones last
+        first = min(failed, key=lambda index: (index in killed, index))  # the ones killed here last
         status = processes[first].returncode
         why = f"timed out after {timeout:.0f} s" if status < 0 and time.monotonic() >= deadline else \
             f"exit status {status}"
@@ -140,11 +142,14 @@ def run_together(commands: Sequence[Sequence[str]], logs: Sequence[Path], env: M
 def command_name(command: Sequence[str]) -> str:
     """``fairseq-train``, ``pytest`` (for ``python -m pytest``), ``posattn_benchmark`` (for ``python
     scripts/posattn_benchmark``), ``X.py`` (for ``python X.py``)."""
+    program = Path(command[0]).name
+    if not program.startswith("python"):
+        return program
     if len(command) > 2 and command[1] == "-m":
         return command[2]
     if len(command) > 1 and (command[1].endswith(".py") or Path(command[1]).is_dir()):
         return Path(command[1]).name
-    return Path(command[0]).name
+    return program
 
 
 def last_error(text: str) -> str:
