@@ -143,7 +143,7 @@ for name, path in INPUTS["checkpoints"].items():
         sys.argv = ["fairseq-eval-lm", INPUTS["data_bin"], "--user-dir", INPUTS["user_dir"], "--path", path,
                     "--gen-subset", "test", "--sample-break-mode", "none", "--tokens-per-sample", str(INPUTS["length"]),
                     "--context-window", str(window), "--max-tokens", "2048", "--cpu", "--num-workers", "0",
-                    "--model-overrides", "{'max_target_positions': %d}" % INPUTS["length"]]
+                    "--model-overrides", INPUTS["overrides"][name]]
         stream = io.StringIO()
         handler = logging.StreamHandler(stream)
         logging.getLogger().addHandler(handler)
@@ -162,12 +162,18 @@ for name, path in INPUTS["checkpoints"].items():
 """
 
 
+#: each method's --model-overrides at 64 tokens, as the recipe gives them: the limit raised to 64 (and a zero-shot
+#: context extension's options)
+OVERRIDES = {name: HELPER_MODULE.evaluation_overrides(name, L_EVAL, L_TRAIN) for name in METHODS}
+
+
 @pytest.fixture(scope="module")
 def evaluations(trained):
-    """fairseq-eval-lm of every checkpoint at 64 tokens, both ways, with the override that raises the model's
-    position limit to 64, in one fresh process."""
+    """fairseq-eval-lm of every checkpoint at 64 tokens, both ways, with the recipe's overrides (the model's
+    position limit raised to 64), in one fresh process."""
     return run_python(EVAL_ALL, trained["root"], cwd=trained["root"], threads=1, checkpoints=trained["checkpoints"], data_bin=trained["data_bin"],
-                      user_dir=USER_DIR, length=L_EVAL, modes=MODES)
+                      user_dir=USER_DIR, length=L_EVAL, modes=MODES,
+                      overrides={name: repr(overrides) for name, overrides in OVERRIDES.items()})
 
 
 HUB_ALL = """
@@ -192,10 +198,11 @@ for name, path in INPUTS["checkpoints"].items():
     hub = from_pretrained(folder, file, INPUTS["data_bin"])  # as trained: 16 positions
     out["fixed_limit"] = getattr(hub.models[0], "fixed_position_limit", None)
     out["refused_without_override"] = refusal(lambda: hub.score(lines, sample_break_mode="none", tokens_per_sample=length))
-    out["refused_with_override"] = refusal(lambda: from_pretrained(folder, file, INPUTS["data_bin"], max_target_positions=length))
+    overrides = INPUTS["overrides"][name]  # the recipe's: max_target_positions=length (a zero-shot extension's too)
+    out["refused_with_override"] = refusal(lambda: from_pretrained(folder, file, INPUTS["data_bin"], **overrides))
     if out["refused_with_override"]:
         continue
-    hub = from_pretrained(folder, file, INPUTS["data_bin"], max_target_positions=length)
+    hub = from_pretrained(folder, file, INPUTS["data_bin"], **overrides)
     for mode, window in INPUTS["modes"].items():
         kwargs = dict(sample_break_mode="none", tokens_per_sample=length, context_window=window)
         blocks = hub.score(lines, **kwargs)
@@ -217,7 +224,7 @@ def hub_outputs(trained):
     """Every checkpoint through the hub, in one fresh process: the limit each model declares, its refusals, its
     score at 64 tokens both ways, one long sentence, and incremental generation past 16 positions."""
     return run_python(HUB_ALL, trained["root"], cwd=trained["root"], threads=1, checkpoints=trained["checkpoints"], data_bin=trained["data_bin"],
-                      text=os.path.join(trained["raw"], "test.txt"), length=L_EVAL, modes=MODES)
+                      text=os.path.join(trained["raw"], "test.txt"), length=L_EVAL, modes=MODES, overrides=OVERRIDES)
 
 
 # ------------------------------------------------------------------------------------------------- tests
@@ -282,6 +289,27 @@ def test_the_hub_refuses_a_tied_model_beyond_its_positions(hub_outputs, name):
     assert "tied to its 16 positions" in out["refused_without_override"]
 
 
+@pytest.mark.parametrize("name", sorted(HELPER_MODULE.ZERO_SHOT_EXTENSIONS))
+def test_a_zero_shot_extension_reads_ropes_own_model_with_the_extension_past_the_training_length(
+        trained, evaluations, name):
+    """``rotary-yarn-zero-shot`` and ``rotary-dynamic-zero-shot`` train RoPE's model (the same weights as
+    ``rotary``'s: its flags, its seed) and read it at 64 tokens with the extension switched on by --model-overrides
+    (YaRN with s = 64 / 16, dynamic NTK with L = 16): another loss than RoPE's own reading of the same weights (the
+    negative control), finite; at the training length the overrides are RoPE's."""
+    weights = {method: torch.load(trained["checkpoints"][method], map_location="cpu", weights_only=False)["model"]
+               for method in (name, "rotary")}
+    assert weights[name].keys() == weights["rotary"].keys()
+    assert all(torch.equal(weights[name][key], weights["rotary"][key]) for key in weights[name])
+    extension = HELPER_MODULE.ZERO_SHOT_EXTENSIONS[name]
+    assert OVERRIDES[name] == {"max_target_positions": L_EVAL, "decoder_rotary_scaling": extension,
+                               "decoder_rotary_scaling_factor": L_EVAL / L_TRAIN if extension == "yarn" else 1.0,
+                               "decoder_rotary_original_positions": L_TRAIN, "decoder_reset_position_options": True}
+    assert HELPER_MODULE.evaluation_overrides(name, L_TRAIN, L_TRAIN) == {"max_target_positions": L_TRAIN}
+    for mode in MODES:
+        assert math.isfinite(evaluations[name][mode]["loss"])
+        assert abs(evaluations[name][mode]["loss"] - evaluations["rotary"][mode]["loss"]) > 1e-3, mode
+
+
 def test_eval_lm_refuses_a_tied_model_in_one_line_on_stderr(trained):
     """The real console script: ALiBi's command for a model with learned position embeddings (PyTorch would
     print a "size mismatch" traceback), and a sliding window without the override for the direct relative
@@ -333,7 +361,8 @@ def test_recipe_dry_run_prints_every_command_of_every_method(tmp_path):
     for name, flags in METHODS.items():
         (line,) = [t for t in trainings if f"/checkpoints/{name}/seed1 " in t]
         assert " ".join(flags[2:] if flags[1] == "transformer_lm_posattn" else flags) + " " in line
-        assert ("--no-token-positional-embeddings" in line) == (name in all_variants("decoder") or name == "none")
+        assert ("--no-token-positional-embeddings" in line) == (
+            name in all_variants("decoder") or name == "none" or name in HELPER_MODULE.ZERO_SHOT_EXTENSIONS)
         assert "--sample-break-mode none --tokens-per-sample 64 " in line
         # the LSTM LMs' own budget (LSTM_MAX_UPDATE): after 500 updates they are still at the unigram level
         assert f"--max-update {2000 if 'lstm' in name else 500} " in line
@@ -343,6 +372,9 @@ def test_recipe_dry_run_prints_every_command_of_every_method(tmp_path):
         assert sum("--context-window 0 " in e for e in same) == len(METHODS)
         assert sum(f"--context-window {length // 2} " in e for e in same) == len(METHODS)  # stride L/2
         assert all(f"max_target_positions\\':\\ {length}" in e for e in same)
+        for name, extension in HELPER_MODULE.ZERO_SHOT_EXTENSIONS.items():  # past 64: the extension's options
+            (reading,) = {e for e in same if f"/checkpoints/{name}/seed1/" in e and "--context-window 0 " in e}
+            assert (f"decoder_rotary_scaling\\':\\ \\'{extension}\\'" in reading) == (length > 64), reading
     assert "extrapolation.py table" in printed
 
 

@@ -48,6 +48,15 @@ STICK = ("Tan et al. 2025 (stick-breaking attention), its abstract (trained at 2
          "16,384 over softmax attention with RoPE; its numbers not read here)")
 P_ROPE = ("Barbero et al. 2025 (p-RoPE), Table 2 as third parties quote it (Gemma 2B trained and scored at 8k: "
           "0.75-RoPE 4.4414 against RoPE 4.4627, Wiki perplexity; at the training length)")
+SELECTIVE = ("Leviathan et al. 2024 (selective attention), its abstract (selective attention improves language modelling "
+             "over the same transformer without it, at the training length; its numbers not read here; ours has no "
+             "other position method beside it)")
+MTA = ("Golovneva et al. 2025 (multi-token attention), its abstract (MTA improves language modelling over the "
+       "transformer baseline, at the training length; its numbers not read here; ours has no other position method "
+       "beside it)")
+YARN = ("Peng et al. 2023 (YaRN), sections 3.3-3.4 (a RoPE model read past its training length without fine-tuning: "
+        "dynamic NTK and YaRN keep its perplexity low where RoPE's rises; Llama 2, its numbers not read here; ours: "
+        "the extension switched on at evaluation of the rotary model, YaRN with s = the evaluation length / 64)")
 PATH = ("Yang et al. 2025 (PaTH), its abstract (PaTH improves upon RoPE in language modelling; its numbers not read "
         "here; at the training length)")
 #: the later methods' own claims, each against the baseline its paper beats, past the training length (16 x) or at
@@ -70,6 +79,12 @@ LATER_CLAIMS = (
      "RoPE", 16),
     ("p-rope", "rotary", P_ROPE, "RoPE without its lowest frequencies models language better than RoPE", 1),
     ("path-attention", "rotary", PATH, "PaTH's data-dependent transforms model language better than RoPE", 1),
+    ("rotary-yarn-zero-shot", "rotary", YARN, "YaRN lets a RoPE model read past its training length without "
+     "fine-tuning", 16),
+    ("rotary-dynamic-zero-shot", "rotary", YARN, "dynamic NTK scaling lets a RoPE model read past its training length "
+     "without fine-tuning", 16),
+    ("selective", "none", SELECTIVE, "selective attention models language better than the transformer without it", 1),
+    ("mta", "none", MTA, "multi-token attention models language better than the transformer without it", 1),
 )
 
 

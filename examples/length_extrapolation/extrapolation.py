@@ -1,21 +1,30 @@
 #!/usr/bin/env python
 """Train short, test long: the methods of ``run.sh`` and its results (markdown tables and a PNG).
 
-Three commands (``run.sh`` calls them)::
+Four commands (``run.sh`` calls them)::
 
     python examples/length_extrapolation/extrapolation.py methods [NAME ...]
+    python examples/length_extrapolation/extrapolation.py overrides NAME LENGTH TRAIN_LENGTH
     python examples/length_extrapolation/extrapolation.py outcome LOG
     python examples/length_extrapolation/extrapolation.py table --out OUT --methods "..." --seeds "1 2" \\
         --lengths "64 128 256" --modes "nonoverlapping sliding" --train-length 64 --stride L/2
 
-``methods`` prints one line per method, ``NAME<TAB>FAMILY<TAB>FLAGS``: FAMILY is ``tf``
+``methods`` prints one line per method, ``NAME<TAB>FAMILY<TAB>EXTENSION<TAB>FLAGS``: FAMILY is ``tf``
 (``transformer_lm_posattn``, the recipe adds its sizes) or ``lstm`` (``--arch`` included in FLAGS), FLAGS
-the method's own flags. ``all`` (the default) lists every causal variant the position registry declares
+the method's own flags, EXTENSION the context extension switched on at evaluation (``none`` but for the zero-shot
+names below). ``all`` (the default) lists every causal variant the position registry declares
 (``all_variants("decoder")``, each alone, without sequential position embeddings:
 ``--no-token-positional-embeddings``), then ``sinusoidal`` (fairseq's default embeddings), ``none`` (no
 position information but the causal mask), ``learned`` (``--decoder-learned-pos``) and the two attentive
 LSTM language models. A name ending in ``+sinusoidal`` (``alibi+sinusoidal``) keeps the sinusoidal
 embeddings beside the method.
+
+``rotary-yarn-zero-shot`` and ``rotary-dynamic-zero-shot`` train RoPE as ``rotary`` does and read it past the
+training length L with one of RoPE's context extensions switched on at evaluation only, as a model is extended
+without fine-tuning (Peng et al. 2023, YaRN, sections 3.3-3.4): YaRN with the factor s = the evaluation length / L,
+and dynamic NTK scaling (the factor of each token's own length n, n / L). ``overrides NAME LENGTH TRAIN_LENGTH``
+prints the ``--model-overrides`` of one evaluation: the window's ``max_target_positions``, and past L the
+extension's options (with ``decoder_reset_position_options``: the checkpoint was trained without them).
 
 ``outcome`` prints how one fairseq-eval-lm log ended: ``ok`` (it scored the split), ``refused`` (the model
 refused the length at start-up) or ``failed`` (anything else: killed, a traceback); the recipe keeps the first
@@ -38,8 +47,12 @@ import statistics
 import sys
 from typing import Dict, List, Optional, Sequence, Tuple
 
+#: RoPE trained as is, read past its training length with a context extension switched on at evaluation (zero-shot):
+#: name -> the extension (``--decoder-rotary-scaling``)
+ZERO_SHOT_EXTENSIONS = {"rotary-yarn-zero-shot": "yarn", "rotary-dynamic-zero-shot": "dynamic"}
 #: names the recipe knows besides the registry's variants, in table order
-EXTRA_METHODS = ("sinusoidal", "none", "learned", "attentive_lstm_lm", "positional_attentive_lstm_lm")
+EXTRA_METHODS = ("sinusoidal", "none", "learned", *ZERO_SHOT_EXTENSIONS, "attentive_lstm_lm",
+                 "positional_attentive_lstm_lm")
 KEEP_SINUSOID = "+sinusoidal"
 MODES = {"nonoverlapping": "non-overlapping windows (--context-window 0)",
          "sliding": "sliding window (--context-window L - {stride})"}
@@ -72,6 +85,8 @@ def method_line(name: str, variants: Dict[str, List[str]]) -> Tuple[str, str, Li
         return name, "tf", variants[base] + ([] if keep else ["--no-token-positional-embeddings"])
     if keep:
         raise ValueError(f"{name}: {KEEP_SINUSOID} goes with a registered variant ({', '.join(variants)})")
+    if base in ZERO_SHOT_EXTENSIONS and not keep:
+        return name, "tf", variants["rotary"] + ["--no-token-positional-embeddings"]
     if base == "sinusoidal":
         return name, "tf", []
     if base == "none":
@@ -90,6 +105,20 @@ def list_methods(names: Sequence[str]) -> List[Tuple[str, str, List[str]]]:
     for name in names or ["all"]:
         expanded += [*variants, *EXTRA_METHODS] if name == "all" else [name]
     return [method_line(name, variants) for name in dict.fromkeys(expanded)]
+
+
+def evaluation_overrides(name: str, length: int, train_length: int) -> Dict[str, object]:
+    """fairseq-eval-lm's ``--model-overrides`` for a window of ``length`` tokens: its ``max_target_positions``; for a
+    zero-shot extension past ``train_length`` L, its options: YaRN's factor ``length / L`` (Peng et al. 2023,
+    sections 3.2 and 3.4, s = L' / L), dynamic NTK's factor 1 (the frequencies of ``ntk`` with the factor n / L of
+    each token's length n, section 3.3), each with L, and the reset that lets the checkpoint load into them."""
+    overrides: Dict[str, object] = {"max_target_positions": length}
+    extension = ZERO_SHOT_EXTENSIONS.get(name)
+    if extension is None or length <= train_length:
+        return overrides
+    factor = length / train_length if extension == "yarn" else 1.0
+    return {**overrides, "decoder_rotary_scaling": extension, "decoder_rotary_scaling_factor": factor,
+            "decoder_rotary_original_positions": train_length, "decoder_reset_position_options": True}
 
 
 # --------------------------------------------------------------------------------------------- results
@@ -295,10 +324,14 @@ def write_atomically(path: str, text: str) -> None:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
-    methods = commands.add_parser("methods", help="NAME<TAB>FAMILY<TAB>FLAGS per method")
+    methods = commands.add_parser("methods", help="NAME<TAB>FAMILY<TAB>EXTENSION<TAB>FLAGS per method")
     methods.add_argument("names", nargs="*", help="method names, or all (the default)")
     outcome = commands.add_parser("outcome", help="how one fairseq-eval-lm log ended: ok, refused or failed")
     outcome.add_argument("log", help="the evaluation's log, with the recipe's exit_status line")
+    overrides = commands.add_parser("overrides", help="the --model-overrides of one evaluation")
+    overrides.add_argument("name")
+    overrides.add_argument("length", type=int, help="the evaluation's window, in tokens")
+    overrides.add_argument("train_length", type=int, help="the training length L")
     table = commands.add_parser("table", help="results.md, results.json and perplexity.png from the logs")
     table.add_argument("--out", required=True, help="the recipe's output folder (reads OUT/logs)")
     table.add_argument("--methods", required=True)
@@ -317,7 +350,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(f"extrapolation.py: error: {error}", file=sys.stderr)
             return 2
         for name, family, flags in lines:
-            print("\t".join([name, family, " ".join(flags)]))
+            print("\t".join([name, family, ZERO_SHOT_EXTENSIONS.get(name, "none"), " ".join(flags)]))
+        return 0
+    if args.command == "overrides":
+        print(evaluation_overrides(args.name, args.length, args.train_length))
         return 0
     if args.command == "outcome":
         print(parse_eval(read(args.log))["status"])

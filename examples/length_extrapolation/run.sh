@@ -159,12 +159,12 @@ if (( ! DRY_RUN )) && has_step train && [ ! -f "$DATA/dict.txt" ]; then
 fi
 
 # 3. the methods and their flags, from the position registry (extrapolation.py methods)
-declare -A FAMILY FLAGS
+declare -A FAMILY FLAGS EXTENSION
 NAMES=()
 # shellcheck disable=SC2086
 listing=$("$PYTHON" "$HERE/extrapolation.py" methods $METHODS)
-while IFS=$'\t' read -r name family flags; do
-    NAMES+=("$name"); FAMILY[$name]=$family; FLAGS[$name]=$flags
+while IFS=$'\t' read -r name family extension flags; do
+    NAMES+=("$name"); FAMILY[$name]=$family; FLAGS[$name]=$flags; EXTENSION[$name]=$extension
 done <<< "$listing"
 echo "==> methods: ${NAMES[*]}"
 
@@ -204,9 +204,11 @@ evaluate() {
     fi
     # --model-overrides raises the model's position limit to L; tokens_per_sample stays the checkpoint's
     # (the positional LSTM's normalizer N is that value: ALiBi's override of it would change the model)
+    local overrides="{'max_target_positions': $length}"  # a zero-shot context extension's options too past L_TRAIN
+    [ "${EXTENSION[$name]}" = none ] || overrides=$("$PYTHON" "$HERE/extrapolation.py" overrides "$name" "$length" "$L_TRAIN")
     local cmd=(fairseq-eval-lm "$DATA" --user-dir "$USER_DIR" --path "$ckdir/checkpoint_last.pt" --gen-subset "$SUBSET"
                --sample-break-mode none --tokens-per-sample "$length" --context-window "$window" "${batch[@]}"
-               --model-overrides "{'max_target_positions': $length}" --num-workers 0 "${DEVICE_FLAGS[@]}")
+               --model-overrides "$overrides" --num-workers 0 "${DEVICE_FLAGS[@]}")
     show "${cmd[@]}"
     (( DRY_RUN )) && return 0
     start=$(now_ms)
