@@ -57,6 +57,9 @@ MTA = ("Golovneva et al. 2025 (multi-token attention), its abstract (MTA improve
 YARN = ("Peng et al. 2023 (YaRN), sections 3.3-3.4 (a RoPE model read past its training length without fine-tuning: "
         "dynamic NTK and YaRN keep its perplexity low where RoPE's rises; Llama 2, its numbers not read here; ours: "
         "the extension switched on at evaluation of the rotary model, YaRN with s = the evaluation length / 64)")
+RNOPE = ("Yang et al. 2025 (Rope to Nope and back again), its abstract (a hybrid of RoPE and NoPE layers surpasses "
+         "the RoPE transformer with full attention at long context; its models: RoPE layers with a sliding window and "
+         "one NoPE layer in four; ours: full attention, RoPE then none in 2 layers; its numbers not read here)")
 PATH = ("Yang et al. 2025 (PaTH), its abstract (PaTH improves upon RoPE in language modelling; its numbers not read "
         "here; at the training length)")
 #: the later methods' own claims, each against the baseline its paper beats, past the training length (16 x) or at
@@ -83,6 +86,8 @@ LATER_CLAIMS = (
      "fine-tuning", 16),
     ("rotary-dynamic-zero-shot", "rotary", YARN, "dynamic NTK scaling lets a RoPE model read past its training length "
      "without fine-tuning", 16),
+    ("rotary-none-interleaved", "rotary", RNOPE, "interleaving RoPE and NoPE layers reads long contexts better than "
+     "RoPE in every layer", 16),
     ("selective", "none", SELECTIVE, "selective attention models language better than the transformer without it", 1),
     ("mta", "none", MTA, "multi-token attention models language better than the transformer without it", 1),
 )

@@ -15,8 +15,8 @@ the method's own flags, EXTENSION the context extension switched on at evaluatio
 names below). ``all`` (the default) lists every causal variant the position registry declares
 (``all_variants("decoder")``, each alone, without sequential position embeddings:
 ``--no-token-positional-embeddings``), then ``sinusoidal`` (fairseq's default embeddings), ``none`` (no
-position information but the causal mask), ``learned`` (``--decoder-learned-pos``) and the two attentive
-LSTM language models. A name ending in ``+sinusoidal`` (``alibi+sinusoidal``) keeps the sinusoidal
+position information but the causal mask), ``learned`` (``--decoder-learned-pos``), the three names below and the
+two attentive LSTM language models. A name ending in ``+sinusoidal`` (``alibi+sinusoidal``) keeps the sinusoidal
 embeddings beside the method.
 
 ``rotary-yarn-zero-shot`` and ``rotary-dynamic-zero-shot`` train RoPE as ``rotary`` does and read it past the
@@ -25,6 +25,8 @@ without fine-tuning (Peng et al. 2023, YaRN, sections 3.3-3.4): YaRN with the fa
 and dynamic NTK scaling (the factor of each token's own length n, n / L). ``overrides NAME LENGTH TRAIN_LENGTH``
 prints the ``--model-overrides`` of one evaluation: the window's ``max_target_positions``, and past L the
 extension's options (with ``decoder_reset_position_options``: the checkpoint was trained without them).
+``rotary-none-interleaved`` takes RoPE in the first of every two layers and no position method in the second
+(``--decoder-layer-methods rotary,none``).
 
 ``outcome`` prints how one fairseq-eval-lm log ended: ``ok`` (it scored the split), ``refused`` (the model
 refused the length at start-up) or ``failed`` (anything else: killed, a traceback); the recipe keeps the first
@@ -50,8 +52,11 @@ from typing import Dict, List, Optional, Sequence, Tuple
 #: RoPE trained as is, read past its training length with a context extension switched on at evaluation (zero-shot):
 #: name -> the extension (``--decoder-rotary-scaling``)
 ZERO_SHOT_EXTENSIONS = {"rotary-yarn-zero-shot": "yarn", "rotary-dynamic-zero-shot": "dynamic"}
+#: RoPE in the first of every two layers and no position method in the second (``--decoder-layer-methods``), the
+#: interleaving of Llama 4 and of Yang et al. 2025 (RNoPE) with full attention in every layer
+INTERLEAVED = "rotary-none-interleaved"
 #: names the recipe knows besides the registry's variants, in table order
-EXTRA_METHODS = ("sinusoidal", "none", "learned", *ZERO_SHOT_EXTENSIONS, "attentive_lstm_lm",
+EXTRA_METHODS = ("sinusoidal", "none", "learned", *ZERO_SHOT_EXTENSIONS, INTERLEAVED, "attentive_lstm_lm",
                  "positional_attentive_lstm_lm")
 KEEP_SINUSOID = "+sinusoidal"
 MODES = {"nonoverlapping": "non-overlapping windows (--context-window 0)",
@@ -87,6 +92,9 @@ def method_line(name: str, variants: Dict[str, List[str]]) -> Tuple[str, str, Li
         raise ValueError(f"{name}: {KEEP_SINUSOID} goes with a registered variant ({', '.join(variants)})")
     if base in ZERO_SHOT_EXTENSIONS and not keep:
         return name, "tf", variants["rotary"] + ["--no-token-positional-embeddings"]
+    if base == INTERLEAVED and not keep:
+        return name, "tf", variants["rotary"] + ["--decoder-layer-methods", "rotary,none",
+                                                 "--no-token-positional-embeddings"]
     if base == "sinusoidal":
         return name, "tf", []
     if base == "none":
