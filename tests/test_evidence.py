@@ -62,8 +62,9 @@ def test_the_plan_has_every_system_of_the_issue_with_its_seeds_and_budget(tmp_pa
     from posattn.position_terms.catalogue import all_variants
 
     methods = {s for _, s, _ in by_task["extrapolation"]}
-    assert methods == set(all_variants("decoder")) | {"sinusoidal", "none", "learned", "attentive_lstm_lm",
-                                                      "positional_attentive_lstm_lm"}
+    assert methods == set(all_variants("decoder")) | {"sinusoidal", "none", "learned", "rotary-yarn-zero-shot",
+                                                      "rotary-dynamic-zero-shot", "rotary-none-interleaved",
+                                                      "attentive_lstm_lm", "positional_attentive_lstm_lm"}
     assert {"alibi", "rotary", "t5-bias", "distance-aware", "direct-absolute", "conv-2d"} <= methods
     seeds = {task: sorted({seed for _, _, seed in runs_}) for task, runs_ in by_task.items()}
     assert seeds == {"translation": [1, 2, 3], "lm": [1, 2], "tagging": [1, 2, 3], "classification": [1, 2, 3, 4, 5],
