@@ -90,9 +90,9 @@ def method_line(name: str, variants: Dict[str, List[str]]) -> Tuple[str, str, Li
         return name, "tf", variants[base] + ([] if keep else ["--no-token-positional-embeddings"])
     if keep:
         raise ValueError(f"{name}: {KEEP_SINUSOID} goes with a registered variant ({', '.join(variants)})")
-    if base in ZERO_SHOT_EXTENSIONS and not keep:
+    if base in ZERO_SHOT_EXTENSIONS:
         return name, "tf", variants["rotary"] + ["--no-token-positional-embeddings"]
-    if base == INTERLEAVED and not keep:
+    if base == INTERLEAVED:
         return name, "tf", variants["rotary"] + ["--decoder-layer-methods", "rotary,none",
                                                  "--no-token-positional-embeddings"]
     if base == "sinusoidal":
